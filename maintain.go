@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"strconv"
 	"sync"
@@ -17,14 +16,10 @@ var errMaintenanceStopped = errors.New("the maintenance scheduler is not running
 // maintainer runs one daemon's passes (SPEC §11.2: read the usage reports, then refresh the grants that fell due, never on a
 // period of Brama's own) one at a time on loop's goroutine.
 type maintainer struct {
-	inv       *inventory
-	o         *oauthClient // also holds the provider client (no timeout, no redirects, no proxy) and getenv
-	l         *ledger
-	log       *slog.Logger
-	clock     func() time.Time
-	afterFunc func(d time.Duration, f func()) ledgerStopper
-	// testingOnlyPassDone (nil in production) sees every finished pass.
-	testingOnlyPassDone func(reason string, started time.Time, rep passReport)
+	inv                 *inventory
+	o                   *oauthClient // also holds the ledger, the log, the clock, the provider client and getenv
+	afterFunc           func(d time.Duration, f func()) ledgerStopper
+	testingOnlyPassDone func(reason string, started time.Time, rep passReport) // nil in production; sees every finished pass
 
 	mu               sync.Mutex             // guards the fields below
 	looping, running bool                   // loop runs (so passNow can be answered); a pass runs
@@ -70,8 +65,7 @@ type (
 )
 
 func newMaintainer(inv *inventory, o *oauthClient) *maintainer {
-	return &maintainer{inv: inv, o: o, l: o.ledger, log: o.log, clock: o.now, afterFunc: afterFunc,
-		asked: map[string]*passTicket{}, fresh: map[string]bool{}}
+	return &maintainer{inv: inv, o: o, afterFunc: afterFunc, asked: map[string]*passTicket{}, fresh: map[string]bool{}}
 }
 
 // run starts the loop (in wg) with the start pass pending; at its end it stops the timer and answers anyone waiting.
@@ -84,10 +78,10 @@ func (m *maintainer) run(ctx context.Context, wg *sync.WaitGroup) {
 	go func() {
 		defer wg.Done()
 		for ctx.Err() == nil {
-			if !m.loopOnce(ctx, m.clock()) { // true: a pass asked for meanwhile runs next
-				select { // a requested pass, the due timer or a ledger change nudges m.l.changed
+			if !m.loopOnce(ctx, m.o.now()) { // true: a pass asked for meanwhile runs next
+				select { // a requested pass, the due timer or a ledger change nudges m.o.ledger.changed
 				case <-ctx.Done():
-				case <-m.l.changed:
+				case <-m.o.ledger.changed:
 				}
 			}
 		}
@@ -108,7 +102,7 @@ func (m *maintainer) run(ctx context.Context, wg *sync.WaitGroup) {
 func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 	m.mu.Lock()                 // first: the journal read must not come between now and the pending check
 	fold, _ := m.inv.j.folded() // unreadable: no moment is skipped
-	due := m.l.nextDue(now, fold.retire)
+	due := m.o.ledger.nextDue(now, fold.retire)
 	if m.asked[""] == nil && m.timer != nil && !m.timerAt.After(now) {
 		m.arm(time.Time{}, now)
 		m.want("", "due")
@@ -134,14 +128,14 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 	m.running, m.fresh[agent] = true, true
 	m.passes++
 	m.mu.Unlock()
-	m.log.Info("maintenance_pass_started", "reason", t.reason, "agent_id", agent)
+	m.o.log.Info("maintenance_pass_started", "reason", t.reason, "agent_id", agent)
 	rep := m.passOnce(ctx, agent)
 	m.mu.Lock()
 	m.running = false
-	if missed := m.l.nextDue(now, fold.retire); !missed.IsZero() && !missed.After(m.clock()) {
+	if missed := m.o.ledger.nextDue(now, fold.retire); !missed.IsZero() && !missed.After(m.o.now()) {
 		m.want("", "due") // it passed during the pass
 	}
-	m.lastOK, m.lastAt = rep.OK, [2]time.Time{now, m.clock()}
+	m.lastOK, m.lastAt = rep.OK, [2]time.Time{now, m.o.now()}
 	m.mu.Unlock()
 	if m.testingOnlyPassDone != nil {
 		m.testingOnlyPassDone(t.reason, now, rep)
@@ -175,7 +169,7 @@ func (m *maintainer) arm(due, now time.Time) {
 		if m.timer == t { // fired: the next turn arms afresh
 			m.timer = nil
 			m.want("", "due")
-			nudge(m.l.changed)
+			nudge(m.o.ledger.changed)
 		}
 	})
 	m.timer = t
@@ -191,12 +185,12 @@ func (m *maintainer) request(reason, agent string) {
 	defer m.mu.Unlock()
 	if m.fresh[""] || m.fresh[agent] {
 		m.dropped++
-		m.log.Debug("maintenance_request_dropped", "reason", reason, "agent_id", agent)
+		m.o.log.Debug("maintenance_request_dropped", "reason", reason, "agent_id", agent)
 		return
 	}
 	m.want(agent, reason)
-	m.log.Info("maintenance_requested", "reason", reason, "agent_id", agent)
-	nudge(m.l.changed)
+	m.o.log.Info("maintenance_requested", "reason", reason, "agent_id", agent)
+	nudge(m.o.ledger.changed)
 }
 
 // changed records an inventory or credential change (donation, sign-in, reinstate, replacement), so the next request counts again.
@@ -228,7 +222,7 @@ func (m *maintainer) ask(reason string) (*passTicket, error) {
 		return nil, errMaintenanceStopped
 	}
 	m.mu.Lock()
-	defer nudge(m.l.changed)
+	defer nudge(m.o.ledger.changed)
 	defer m.mu.Unlock()
 	if !m.looping {
 		return nil, errMaintenanceStopped
@@ -262,9 +256,6 @@ func (m *maintainer) metrics() map[string]float64 {
 // stay unset once ctx ended (skipped: neither).
 type passSub struct {
 	it                       overlayItem
-	cred                     vaultCredential
-	credErr                  error // the vault holds no usable credential for it
-	entry                    ledgerEntry
 	reportable, oauth, tried bool
 	read, refreshed, refused bool   // refused: the attempt gave no grant (one a sign-in superseded failed nothing)
 	failed                   string // why its due read failed, redacted
@@ -273,7 +264,7 @@ type passSub struct {
 // passOnce runs one pass over agent's subscriptions ("": everyone's): the usage report pass, then the refresh pass (SPEC §11.2);
 // per subscription at most one read and one refresh attempt, none retried; ctx alone ends it (§7.4).
 func (m *maintainer) passOnce(ctx context.Context, agent string) (rep passReport) {
-	start := m.clock()
+	start := m.o.now()
 	m.o.vault.writeUnwritten(m.o.log)
 	var subs []*passSub
 	items, retired, err := m.inv.view() // none when err: the counts stay 0 and OK false
@@ -281,14 +272,11 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) (rep passReport
 		if retired[it.ID] || agent != "" && it.AgentID != agent {
 			continue
 		}
-		s := &passSub{it: it}
-		s.cred, s.credErr = m.inv.credential(it.ID)
-		s.entry = m.l.entry(it.ID)
+		cred, credErr := m.inv.credential(it.ID) // an error fails its due read
 		row, _ := lookupProvider(it.Provider)
-		active := s.entry.Credential.State == credActive
-		s.reportable = active && row.usage != "" && (s.credErr != nil || row.usageReadable(s.cred))
-		s.oauth = active && row.tokenURL != "" && s.credErr == nil && s.cred.OAuth != nil
-		subs = append(subs, s)
+		active := m.o.ledger.entry(it.ID).Credential.State == credActive
+		subs = append(subs, &passSub{it: it, reportable: active && row.usage != "" && (credErr != nil || row.usageReadable(cred)),
+			oauth: active && row.tokenURL != "" && credErr == nil && cred.OAuth != nil})
 	}
 	// Reads run one at a time per provider, providers side by side (SPEC §17); refreshes side by side.
 	sideBySide(ctx, subs, func(s *passSub) string { return s.it.Provider }, m.readUsage)
@@ -309,16 +297,16 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) (rep passReport
 		rep.Credentials.Refused += boolCount(s.refused)
 	}
 	rep.OK = err == nil && len(rep.Usage.Failed) == 0 && rep.Credentials.Refused == 0
-	if due := m.l.nextDue(m.clock(), retired); !due.IsZero() {
+	if due := m.o.ledger.nextDue(m.o.now(), retired); !due.IsZero() {
 		rep.NextDueAt = ptrTo(due.UTC().Format(time.RFC3339))
 	}
 	if rep.err = err; err != nil {
-		m.log.Warn("maintenance_pass_failed", "cause", redact(err.Error()))
+		m.o.log.Warn("maintenance_pass_failed", "cause", redact(err.Error()))
 		return rep
 	}
-	m.log.Info("maintenance_pass_done", "agent_id", agent, "ok", rep.OK, "usage_read", rep.Usage.Read, "usage_failed", len(rep.Usage.Failed),
+	m.o.log.Info("maintenance_pass_done", "agent_id", agent, "ok", rep.OK, "usage_read", rep.Usage.Read, "usage_failed", len(rep.Usage.Failed),
 		"refreshed", rep.Credentials.Refreshed, "refused", rep.Credentials.Refused,
-		"next_due_at", *cmp.Or(rep.NextDueAt, new(string)), "dur_ms", m.clock().Sub(start).Milliseconds())
+		"next_due_at", *cmp.Or(rep.NextDueAt, new(string)), "dur_ms", m.o.now().Sub(start).Milliseconds())
 	return rep
 }
 
@@ -345,19 +333,16 @@ func sideBySide(ctx context.Context, subs []*passSub, key func(*passSub) string,
 // refreshed: s's one attempt.
 func (m *maintainer) readUsage(ctx context.Context, s *passSub) {
 	id, provider := s.it.ID, s.it.Provider
-	if !s.reportable || !usageDue(s.entry, m.clock()) {
+	if !s.reportable || !usageDue(m.o.ledger.entry(id), m.o.now()) {
 		return
 	}
-	cred, err := s.cred, s.credErr
-	if err == nil && cred.OAuth != nil && expiredForRequest(*cred.OAuth, m.clock()) {
-		var g oauthGrant
-		g, err = m.refresh(ctx, s)
-		if errors.Is(err, errRefreshSuperseded) { // a sign-in replaced it meanwhile: read with that (SPEC §11.1)
+	cred, err := m.inv.credential(id)
+	if err == nil && cred.OAuth != nil && expiredForRequest(*cred.OAuth, m.o.now()) {
+		// Read with the grant it wrote, or with the one a sign-in that superseded it wrote (SPEC §11.1).
+		if err = m.refresh(ctx, s); err == nil || errors.Is(err, errRefreshSuperseded) {
 			cred, err = m.inv.credential(id)
-		} else if err != nil {
-			err = fmt.Errorf("not read: the expired grant could not be refreshed: %w", err)
 		} else {
-			cred.OAuth = &g
+			err = fmt.Errorf("not read: the expired grant could not be refreshed: %w", err)
 		}
 	}
 	var ws []planWindow
@@ -369,37 +354,35 @@ func (m *maintainer) readUsage(ctx context.Context, s *passSub) {
 	case err != nil:
 		g := cmp.Or(cred.OAuth, &oauthGrant{})
 		s.failed = ledgerSentence(redact(err.Error(), cred.APIKey, g.AccessToken, g.RefreshToken, g.IDToken))
-		m.l.recordCheck(id, provider, false, false, s.failed)
-		m.log.Warn("usage_read_failed", "subscription_id", id, "provider", provider, "error", s.failed)
+		m.o.ledger.recordCheck(id, provider, false, false, s.failed)
+		m.o.log.Warn("usage_read_failed", "subscription_id", id, "provider", provider, "error", s.failed)
 	default:
 		s.read = true
-		m.l.recordWindows(id, provider, ws)
-		m.l.recordCheck(id, provider, false, true, strconv.Itoa(len(ws))+" window(s) read")
-		m.log.Info("usage_read_ok", "subscription_id", id, "provider", provider, "windows", len(ws))
+		m.o.ledger.recordWindows(id, provider, ws)
+		m.o.ledger.recordCheck(id, provider, false, true, strconv.Itoa(len(ws))+" window(s) read")
+		m.o.log.Info("usage_read_ok", "subscription_id", id, "provider", provider, "windows", len(ws))
 	}
 }
 
 // refreshIfDue makes s's one attempt when its grant is due, unless its read spent it (the usage pass or a request may have
 // refreshed it meanwhile); needs_reauthorization (set meanwhile too) waits for sign-in.
 func (m *maintainer) refreshIfDue(ctx context.Context, s *passSub) {
-	if !s.oauth || s.tried {
-		return
-	}
-	e := m.l.entry(s.it.ID)
+	e := m.o.ledger.entry(s.it.ID)
 	cur, err := m.inv.credential(s.it.ID)
-	if e.Credential.State == credActive && err == nil && cur.OAuth != nil && refreshDue(*cur.OAuth, e.Credential.RefreshedAtMs, m.clock()) {
+	if s.oauth && !s.tried && e.Credential.State == credActive && err == nil && cur.OAuth != nil &&
+		refreshDue(*cur.OAuth, e.Credential.RefreshedAtMs, m.o.now()) {
 		m.refresh(ctx, s)
 	}
 }
 
 // refresh is s's one refresh attempt of the pass.
-func (m *maintainer) refresh(ctx context.Context, s *passSub) (oauthGrant, error) {
+func (m *maintainer) refresh(ctx context.Context, s *passSub) error {
 	s.tried = true
-	g, err := m.o.refresh(ctx, s.it.ID, s.it.Provider, "")
+	_, err := m.o.refresh(ctx, s.it.ID, s.it.Provider, "")
 	if ctx.Err() == nil {
 		s.refreshed, s.refused = err == nil, err != nil && !errors.Is(err, errRefreshSuperseded)
 	}
-	return g, err
+	return err
 }
 
 // fetchUsage GETs and reads provider's report with the headers of provider's calls but their Content-Type (a GET has no body).
@@ -415,7 +398,7 @@ func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vault
 	status, body, err := callEndpoint(ctx, m.o.client, http.MethodGet, endpoint, nil, h)
 	if err == nil && status/100 == 2 {
 		var ws []planWindow
-		if ws, err = p.readUsage(body, m.clock()); err == nil {
+		if ws, err = p.readUsage(body, m.o.now()); err == nil {
 			return ws, nil
 		}
 	} else if err != nil && status != 0 {

@@ -25,7 +25,6 @@ import (
 // What an *endpointError or another failure of this file wraps.
 var (
 	errNoSignIn          = errors.New("provider has no sign-in; donate its grant or replace it with PUT …/credential")
-	errTokenURL          = errors.New("unusable OAuth token URL")
 	errTokenMalformed    = errors.New("token endpoint answer is not a usable token answer")
 	errTokenRefused      = errors.New("token endpoint answered with an error")
 	errNoRefreshToken    = errors.New("the stored grant has no refresh token")
@@ -211,7 +210,7 @@ func (e *endpointError) Unwrap() error { return e.Err }
 // no secret; a refresh without a refresh token is refused unsent: only a sign-in helps.
 func (o *oauthClient) tokenCall(ctx context.Context, p providerInfo, g oauthGrant, fields map[string]string,
 	secrets ...string) (oauthGrant, error) {
-	endpoint, err := envURL(o.getenv, "OAUTH", p.id, "TOKEN_URL", p.tokenURL, errTokenURL)
+	endpoint, err := envURL(o.getenv, "OAUTH", p.id, "TOKEN_URL", p.tokenURL)
 	if err != nil {
 		return oauthGrant{}, err
 	}
@@ -323,7 +322,7 @@ func fillGrant(provider string, g oauthGrant) oauthGrant {
 	if exp := jwtClaims(g.AccessToken).Exp; g.ExpiresAtMs == 0 && exp >= 1 && exp <= math.MaxInt64/1000/2 {
 		g.ExpiresAtMs = int64(exp) * 1000
 	}
-	if p, _ := lookupProvider(provider); p.accountID && g.AccountID == "" {
+	if p, _ := lookupProvider(provider); p.codex && g.AccountID == "" {
 		g.AccountID = jwtClaims(g.IDToken).Auth.AccountID
 	}
 	return g

@@ -596,8 +596,8 @@ func TestRefreshRefusesBadOverrideWithoutLedgerChange(t *testing.T) {
 	f := newOAuthFixture(t, "codex", "http://auth.example/token")
 	f.seed(t, oauthSubID, oauthGrant{AccessToken: "a", RefreshToken: "r"})
 	_, err := f.o.refresh(context.Background(), oauthSubID, "codex", "")
-	if !errors.Is(err, errTokenURL) {
-		t.Errorf("refresh error = %v, want errTokenURL", err)
+	if err == nil || !strings.Contains(err.Error(), "BRAMA_OAUTH_CODEX_TOKEN_URL: unusable URL") {
+		t.Errorf("refresh error = %v, want the override refused", err)
 	}
 	if st := f.l.entry(oauthSubID).Credential.State; st != credActive {
 		t.Errorf("credential state = %q, want active", st)

@@ -40,12 +40,11 @@ type providerInfo struct {
 	probe              string    // SPEC §11.3's built-in probe model
 	beta               string    // the beta token its calls need (SPEC §6.2); on anthropic-messages only with OAuth
 	header             [2]string // a fixed header name and value its calls carry
-	codex              bool      // SPEC §6.2's codex rules: always streamed, never stored, no output limit, refusals by status
+	codex              bool      // SPEC §6.2's codex rules: streamed, unstored, no output limit, refusals by status, account id
 
 	tokenURL, clientID string // "" without OAuth grants; tokenURL: BRAMA_OAUTH_<ID>_TOKEN_URL overrides
 	form               bool   // the token endpoint takes a form body, not JSON
 	echoState          bool   // the sign-in's exchange sends the state back
-	accountID          bool   // the grant carries the id_token's chatgpt_account_id (SPEC §6.2)
 
 	authorizeURL, redirectURI, scope string     // authorizeURL "": no sign-in
 	extra                            url.Values // further authorize parameters
@@ -80,7 +79,7 @@ var providerTable = []providerInfo{
 	{id: "codex", protocol: protoOpenAIResponses, cred: credSubscription, baseURL: "https://chatgpt.com/backend-api/codex", vendor: "openai",
 		probe: "gpt-5.3-codex-spark", beta: "responses=experimental", header: [2]string{"originator", "codex_cli_rs"}, codex: true,
 		tokenURL: "https://auth.openai.com/oauth/token", clientID: "app_EMoamEEZ73f0CkXaXp7hrann",
-		form: true, accountID: true, authorizeURL: "https://auth.openai.com/oauth/authorize",
+		form: true, authorizeURL: "https://auth.openai.com/oauth/authorize",
 		redirectURI: "http://localhost:1455/auth/callback", scope: "openid profile email offline_access",
 		extra: url.Values{"id_token_add_organizations": {"true"}, "codex_cli_simplified_flow": {"true"}},
 		usage: "https://chatgpt.com/backend-api/wham/usage", readUsage: reportReader(codexUsage)},
@@ -104,11 +103,8 @@ func (p providerInfo) usageReadable(cred vaultCredential) bool {
 
 // usageEndpoint is p's usage report URL: below its base URL, or its own, which only BRAMA_PROVIDER_<ID>_USAGE_URL moves.
 func (p providerInfo) usageEndpoint(getenv func(string) string) (string, error) {
-	switch {
-	case p.usage == "":
-		return "", fmt.Errorf("provider %q publishes no usage report", p.id)
-	case !strings.HasPrefix(p.usage, "/"):
-		return envURL(getenv, "PROVIDER", p.id, "USAGE_URL", p.usage, errBaseURL)
+	if !strings.HasPrefix(p.usage, "/") { // "": no report, which no URL check passes
+		return envURL(getenv, "PROVIDER", p.id, "USAGE_URL", p.usage)
 	}
 	base, err := providerBaseURL(p, getenv)
 	if err != nil {
@@ -117,22 +113,19 @@ func (p providerInfo) usageEndpoint(getenv func(string) string) (string, error) 
 	return base + p.usage, nil
 }
 
-// errBaseURL marks a base URL override Brama refuses to call (SPEC §6.1).
-var errBaseURL = errors.New("unusable provider base URL")
-
 // providerBaseURL is BRAMA_PROVIDER_<ID>_BASE_URL, else p's built-in base URL (local-openai has none: its endpoint is the
 // registry deployment's).
 func providerBaseURL(p providerInfo, getenv func(string) string) (string, error) {
-	raw, err := envURL(getenv, "PROVIDER", p.id, "BASE_URL", p.baseURL, errBaseURL)
+	raw, err := envURL(getenv, "PROVIDER", p.id, "BASE_URL", p.baseURL)
 	return strings.TrimRight(raw, "/"), err
 }
 
-// envURL is BRAMA_<kind>_<ID>_<what>, else builtin, under checkBaseURL's rule; failures wrap sentinel.
-func envURL(getenv func(string) string, kind, id, what, builtin string, sentinel error) (string, error) {
+// envURL is BRAMA_<kind>_<ID>_<what>, else builtin, under checkBaseURL's rule (SPEC §6.1); a failure names the variable.
+func envURL(getenv func(string) string, kind, id, what, builtin string) (string, error) {
 	env := "BRAMA_" + kind + "_" + strings.ToUpper(strings.ReplaceAll(id, "-", "_")) + "_" + what
 	raw := cmp.Or(strings.TrimSpace(getenv(env)), builtin)
 	if err := checkBaseURL(raw); err != nil {
-		return "", fmt.Errorf("%s: %w: %v", env, sentinel, err)
+		return "", fmt.Errorf("%s: unusable URL: %w", env, err)
 	}
 	return raw, nil
 }
@@ -163,8 +156,7 @@ func newProviderClient() *http.Client {
 	t.DialContext = (&net.Dialer{KeepAlive: 30 * time.Second}).DialContext
 	t.TLSHandshakeTimeout, t.ExpectContinueTimeout = 0, 0
 	t.MaxIdleConns, t.MaxIdleConnsPerHost = 256, 64 // IdleConnTimeout stays the default 90 s
-	noRedirect := func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-	return &http.Client{Transport: t, CheckRedirect: noRedirect}
+	return &http.Client{Transport: t, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 }
 
 // callEndpoint sends one request and reads the answer whole (OAuth, usage reports, the catalogue);
@@ -176,9 +168,7 @@ func callEndpoint(ctx context.Context, client *http.Client, method, endpoint str
 		return 0, nil, err
 	}
 	req.Header.Set("Accept", "application/json")
-	for k, v := range headers {
-		req.Header[k] = v
-	}
+	maps.Copy(req.Header, headers)
 	resp, err := client.Do(req)
 	if err != nil {
 		return 0, nil, err
@@ -188,12 +178,9 @@ func callEndpoint(ctx context.Context, client *http.Client, method, endpoint str
 	return resp.StatusCode, b, err
 }
 
-// upstreamCredential is what a call presents.
-type upstreamCredential struct {
-	APIKey      string // direct key or an agent's own key
-	AccessToken string // OAuth bearer (claude-code, codex, kimi)
-	AccountID   string // codex chatgpt-account-id
-}
+// upstreamCredential is what a call presents: a direct key or an agent's own, else an OAuth grant's bearer (and codex's
+// chatgpt-account-id).
+type upstreamCredential struct{ APIKey, AccessToken, AccountID string }
 
 func (c upstreamCredential) bearer() string { return cmp.Or(c.AccessToken, c.APIKey) }
 
@@ -208,11 +195,10 @@ const (
 // the caller's blocks byte for byte (cache_control); nil if already so.
 func claudeCodeSystem(raw json.RawMessage) ([]byte, error) {
 	block := func(s string) string { return `{"text":` + string(jsonText(s)) + `,"type":"text"}` }
-	if s, ok := jsonString(raw); ok || raw == nil { // a string is one text block
+	if s, ok := jsonString(raw); s != "" { // a string is one text block
 		raw = json.RawMessage("[" + block(s) + "]")
-		if s == "" {
-			raw = json.RawMessage("[]")
-		}
+	} else if ok || raw == nil {
+		raw = json.RawMessage("[]")
 	}
 	var own []struct{ Type, Text string }
 	switch {
@@ -275,13 +261,10 @@ func setProviderHeaders(h http.Header, p providerInfo, cred upstreamCredential, 
 			beta = append(beta, t)
 		}
 	}
-	if bearer != "" {
-		bearer = "Bearer " + bearer
-	}
 	accept := map[bool]string{false: "application/json", true: "text/event-stream"}[stream]
 	for _, kv := range [...][2]string{{"Content-Type", "application/json"}, {"Accept", accept}, {"x-api-key", apiKey},
-		{"chatgpt-account-id", map[bool]string{true: cred.AccountID}[p.accountID]}, p.header,
-		{betaName, strings.Join(beta, ",")}, {"Authorization", bearer}} {
+		{"chatgpt-account-id", map[bool]string{true: cred.AccountID}[p.codex]}, p.header,
+		{betaName, strings.Join(beta, ",")}, {"Authorization", map[bool]string{true: "Bearer " + bearer}[bearer != ""]}} {
 		if kv[1] != "" { // unset: the call carries no such header
 			h.Set(kv[0], kv[1])
 		}
@@ -403,16 +386,13 @@ func retryAfter(h http.Header, now time.Time) time.Duration {
 		return d // a wait already over states none: the reset headers below may
 	}
 	var d time.Duration
-	// OpenAI's x-ratelimit-{remaining,reset}-<limit>, Anthropic's anthropic-ratelimit-<limit>-{remaining,reset}.
+	// OpenAI's x-ratelimit-{remaining,reset}-<limit>, Anthropic's anthropic-ratelimit-<limit>-{remaining,reset}, claude-code's
+	// anthropic-ratelimit-unified-<window>-{status,reset} (SPEC §6.3).
 	for _, k := range []string{"X-Ratelimit-%s-requests", "X-Ratelimit-%s-tokens", "Anthropic-Ratelimit-requests-%s",
-		"Anthropic-Ratelimit-tokens-%s", "Anthropic-Ratelimit-input-tokens-%s", "Anthropic-Ratelimit-output-tokens-%s"} {
-		if strings.TrimSpace(h.Get(fmt.Sprintf(k, "Remaining"))) == "0" {
+		"Anthropic-Ratelimit-tokens-%s", "Anthropic-Ratelimit-input-tokens-%s", "Anthropic-Ratelimit-output-tokens-%s",
+		"Anthropic-Ratelimit-Unified-%s", "Anthropic-Ratelimit-Unified-5h-%s", "Anthropic-Ratelimit-Unified-7d-%s"} {
+		if strings.TrimSpace(h.Get(fmt.Sprintf(k, "Remaining"))) == "0" || h.Get(fmt.Sprintf(k, "Status")) == "rejected" {
 			d = max(d, statedWait(h, fmt.Sprintf(k, "Reset"), now))
-		}
-	}
-	for _, k := range []string{"", "5h-", "7d-"} { // claude-code's (SPEC §6.3)
-		if p := "Anthropic-Ratelimit-Unified-" + k; h.Get(p+"Status") == "rejected" {
-			d = max(d, statedWait(h, p+"Reset", now))
 		}
 	}
 	return d
@@ -445,8 +425,7 @@ func classifyTransport(err error) *apiError {
 	if ue := (*url.Error)(nil); errors.As(err, &ue) {
 		cause = ue.Err // drop "Post <url>:"; the URL says nothing new
 	}
-	var op *net.OpError
-	var dns *net.DNSError
+	op, dns := (*net.OpError)(nil), (*net.DNSError)(nil)
 	dial := errors.As(err, &op) && op.Op == "dial"
 	code, m := "provider_incomplete", "the provider connection failed after the request was sent: %s"
 	switch {
@@ -464,22 +443,20 @@ func classifyTransport(err error) *apiError {
 	return refuse(code, m, cleanQuoted(cause.Error(), "", 300)).because(err)
 }
 
-// errUsageReport: the readers take what they recognize of the providers' undocumented shapes, never a guessed number.
-var errUsageReport = errors.New("the usage report is not usable")
-
 // reportReader reads a report as T leniently (a member of another type than T says is absent; its number and instant members take
-// any JSON value): a JSON object naming a window, else errUsageReport saying why without quoting the body.
+// any JSON value): a JSON object naming a window, else an error saying why without quoting the body. The readers take what
+// they recognize of the providers' undocumented shapes, never a guessed number.
 func reportReader[T any](read func(T, time.Time) []planWindow) func([]byte, time.Time) ([]planWindow, error) {
 	return func(body []byte, now time.Time) ([]planWindow, error) {
 		var doc T
 		err := json.Unmarshal(body, &doc)
 		if err != nil && !errors.As(err, new(*json.UnmarshalTypeError)) || !bytes.HasPrefix(bytes.TrimSpace(body), []byte("{")) {
-			return nil, fmt.Errorf("%w: the body is not a JSON object (%s)", errUsageReport, jsonErrorKind(err))
+			return nil, errors.New("the usage report is not usable: the body is not a JSON object (" + jsonErrorKind(err) + ")")
 		}
 		if ws := read(doc, now); len(ws) > 0 {
 			return ws, nil
 		}
-		return nil, fmt.Errorf("%w: it names no plan window", errUsageReport)
+		return nil, errors.New("the usage report is not usable: it names no plan window")
 	}
 }
 
