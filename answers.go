@@ -36,8 +36,8 @@ func (e *engine) commit(ctx context.Context, j *job, c call, req *callerRequest,
 	u, ae, streamed := j.commit(ctx, c, req, resp)
 	if sub != nil && budgets[j.kind].spends {
 		e.ledger.recordUse(sub.ID, p, ae == nil, u.InputTokens, u.OutputTokens)
-		if ae == nil { // only a success pins (SPEC §7.2.4), until a window (this answer's, a usage report's) resets
-			e.pins.Store(e.agent+"\x00"+p, pin{sub.ID, e.ledger.firstReset(sub.ID, now, now.Add(maxPin))})
+		if ae == nil { // only a success pins (SPEC §7.2.4), until a window (this answer's, a usage report's) resets, ≤ 24 h
+			e.pins.Store(e.agent+"\x00"+p, pin{sub.ID, e.ledger.firstReset(sub.ID, now, now.Add(24*time.Hour))})
 		}
 	}
 	var se *upstreamStreamError

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"maps"
 	"net/http"
 	"slices"
@@ -19,7 +18,7 @@ import (
 
 // The attempt engine (SPEC §7): plan checks before dispatch, attemptRoute walks candidates and who pays for them (a direct
 // key or a pool: order, refresh, blocks) within the budget table, send counts each call, exhausted is the one refusal of
-// a walk without an answer; the probe; the other call kinds' answers are answers.go's. The daemon's parts (core) close it.
+// a walk without an answer. Each call kind's answer is answers.go's, the probe maintain.go's. The daemon's parts close it.
 
 // routeKind is what the budget table is keyed by.
 type routeKind int
@@ -47,12 +46,6 @@ var budgets = map[routeKind]budget{
 	kindProbe:        {calls: 1},
 	kindCountTokens:  {calls: 1},
 }
-
-// Block lengths (SPEC §7.2.4) and the probe's output limit (§11.3).
-const (
-	maxPin         = 24 * time.Hour
-	probeMaxTokens = 16
-)
 
 // engine is one request's attempt engine: the daemon's parts, the log line's tally, and the walk's account of its calls
 // and skips, from which a walk without an answer chooses its one refusal (§7.2.5).
@@ -366,56 +359,6 @@ func (e *engine) send(hr *http.Request, c call, sub *overlayItem) (*http.Respons
 	}
 	ref := classifyRefusal(p.id, resp.StatusCode, resp.Header, body, c.cred.bearer(), e.now())
 	return nil, &ref, ref.err
-}
-
-// probe runs one completion probe on the live subscription it with model ("": the built-in one), as a request would meet
-// it (SPEC §11.3); 409 before any call when blocked or model-less. Its answer: the probe and the row after it.
-func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, error) {
-	if until := e.ledger.blockedUntil(it.ID); !until.IsZero() {
-		return nil, refuse("state_conflict", "subscription %s is blocked until %s; a probe is not sent inside a recorded block",
-			it.ID, until.UTC().Format(time.RFC3339))
-	}
-	builtin, _ := lookupProvider(it.Provider)
-	model = cmp.Or(strings.TrimPrefix(strings.TrimSpace(model), it.Provider+"/"), builtin.probe)
-	if model == "" {
-		return nil, refuse("state_conflict", "name a model for this probe: provider %q has no built-in probe model", it.Provider)
-	}
-	res, err := resolveModel(it.Provider+"/"+model, nil, nil, nil)
-	if err != nil {
-		return nil, err
-	}
-	res.Mode = modeSubscription // paid by the probed subscription, whatever its provider
-	u, ae := e.ping(ctx, call{res: res}, []overlayItem{it})
-	ok, detail := ae == nil, fmt.Sprintf("%s answered (%d output tokens)", res.Route, u.OutputTokens)
-	if !ok && e.t.attempts == 0 && len(e.reasons) == 0 { // refused before any call, as a probe's own refusal
-		ae.Attempts = nil
-		return nil, ae
-	} else if !ok { // the provider refused, its answer could not be read, or the grant could not be refreshed
-		detail = ae.Message
-	}
-	e.ledger.recordCheck(it.ID, res.Provider.id, true, ok, detail)
-	e.inv.invalidate() // the listing shows the probe at once (SPEC §10.2)
-	level := map[bool]slog.Level{true: slog.LevelInfo, false: slog.LevelWarn}[ok]
-	e.log.Log(ctx, level, "usage_probe_"+map[bool]string{true: "ok", false: "failed"}[ok], "request_id", e.t.requestID,
-		"subscription_id", it.ID, "agent_id", e.agent, "provider", it.Provider, "route", res.Route, "detail", ledgerSentence(detail))
-	row := e.inv.row(it, false, e.now())
-	return map[string]any{"ok": true, "probe": cmp.Or(row.Probe, &ledgerCheck{}), "subscription": row}, nil
-}
-
-// ping makes the probe's and onboarding's one completion on c (SPEC §11.3), paid by pool when given; codex's encoder
-// drops the output limit (§6.2).
-func (e *engine) ping(ctx context.Context, c call, pool []overlayItem) (u usage, ae *apiError) {
-	ping := []message{{Role: "user", Parts: []part{{Type: partText, Text: "ping"}}}}
-	req := chatRequest{Model: c.res.Route, MaxTokens: probeMaxTokens, Messages: ping}
-	ae = e.attemptRoute(ctx, &job{kind: kindProbe, pool: pool,
-		build: func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
-			return buildUpstreamRequest(ctx, c, &req)
-		},
-		commit: func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
-			u, ae = relayBuffered(nil, c, resp, e.t.attempts, &callerStream{frames: formatOf(dialectChat).frames, req: req})
-			return u, ae, false // an in-band limit blocks, as a request's
-		}}, c, nil, nil)
-	return u, ae
 }
 
 // pin is the subscription that last served an agent's provider, until its earliest window reset (at most 24 h); memory only.
