@@ -246,7 +246,10 @@ candidates:
 			case ref == nil || !b.rotate && j.pool == nil: // a transport failure or cut body is potentially billable
 			case ref.class == refusalAuth: // the probe's is recorded, not retried
 				e.auth = true
-				if (!b.rotate || c.cred.AccessToken == "" || slices.Contains(e.refreshed, sub.ID)) && !e.credentialReplaced(*sub, c.cred) {
+				// What a sign-in or refresh put in the vault meanwhile gets the next call, marked nothing (SPEC §10.3, §11.1).
+				vc, err := e.inv.credential(sub.ID)
+				kept := err != nil || cmp.Or(cmp.Or(vc.OAuth, &oauthGrant{}).AccessToken, vc.APIKey) == c.cred.bearer()
+				if (!b.rotate || c.cred.AccessToken == "" || slices.Contains(e.refreshed, sub.ID)) && kept {
 					e.ledger.setCredential(sub.ID, p.id, credNeedsReauth, cmp.Or(ref.sentence, ref.err.Message))
 					e.note(sub.ID, "authentication refused: "+ref.sentence)
 				} else if _, err := e.subscriptionCredential(ctx, j.kind, *sub, c.cred.AccessToken); err == nil &&
@@ -485,16 +488,6 @@ func (e *engine) subscriptionCredential(ctx context.Context, kind routeKind, sub
 		return upstreamCredential{}, errSkipSubscription
 	}
 	return cred, nil
-}
-
-// credentialReplaced: the vault no longer holds what a call on sub presented (a sign-in or refresh landed meanwhile), so
-// its 401 or 403 marks nothing and the current credential gets the next call (SPEC §10.3, §11.1).
-func (e *engine) credentialReplaced(sub overlayItem, used upstreamCredential) bool {
-	vc, err := e.inv.credential(sub.ID)
-	if err != nil || vc.OAuth == nil {
-		return err == nil && vc.APIKey != used.APIKey
-	}
-	return vc.OAuth.AccessToken != used.AccessToken
 }
 
 // deps are the state files every command and the server share.
