@@ -16,9 +16,9 @@ import (
 	"time"
 )
 
-// The attempt engine (SPEC §7): plan checks before dispatch, attemptRoute walks candidates and who pays for them (a direct
-// key or a pool: order, refresh, blocks) within the budget table, send counts each call, exhausted is the one refusal of
-// a walk without an answer. Each call kind's answer is answers.go's, the probe maintain.go's. The daemon's parts close it.
+// The attempt engine (SPEC §7): plan checks before dispatch; attemptRoute walks candidates and who pays for them (a direct
+// key or a pool: order, refresh, blocks) within the budget table; send counts each call; commit settles the one answer,
+// exhausted is the one refusal of a walk without. answers.go answers each call kind, maintain.go probes. Then the core.
 
 // routeKind is what the budget table is keyed by.
 type routeKind int
@@ -362,6 +362,46 @@ func (e *engine) send(hr *http.Request, c call, sub *overlayItem) (*http.Respons
 	}
 	ref := classifyRefusal(p.id, resp.StatusCode, resp.Header, body, c.cred.bearer(), e.now())
 	return nil, &ref, ref.err
+}
+
+// commit answers from a committed call, never retried (SPEC §7.5), and keeps sub's ledger: spend, a success's pin until
+// the earliest window reset, a block after an in-band rate or quota error. A failed stream aborts: the one abort.
+func (e *engine) commit(ctx context.Context, j *job, c call, req *callerRequest, sub *overlayItem, resp *http.Response,
+	start time.Time) *apiError {
+	defer resp.Body.Close()
+	p, now := c.res.Provider.id, e.now()
+	u, ae, streamed := j.commit(ctx, c, req, resp)
+	if sub != nil && budgets[j.kind].spends {
+		e.ledger.recordUse(sub.ID, p, ae == nil, u.InputTokens, u.OutputTokens)
+		if ae == nil { // only a success pins (SPEC §7.2.4), until a window (this answer's, a usage report's) resets, ≤ 24 h
+			e.pins.Store(e.agent+"\x00"+p, pin{sub.ID, e.ledger.firstReset(sub.ID, now, now.Add(24*time.Hour))})
+		}
+	}
+	var se *upstreamStreamError
+	if sub != nil && ae != nil && errors.As(ae, &se) && (se.Class == refusalRate || se.Class == refusalQuota) {
+		e.ledger.block(sub.ID, p, retryAfter(resp.Header, now), "the provider ended a committed answer with "+se.Code)
+	}
+	if ae = e.settle(ctx, j, c, start, u, ae); ae != nil && streamed {
+		panic(http.ErrAbortHandler)
+	}
+	return ae
+}
+
+// settle records a request's spend and outcome once, however it ended, and
+// returns its refusal: client_cancelled when the caller hung up (SPEC §7.4).
+func (e *engine) settle(ctx context.Context, j *job, c call, start time.Time, u usage, failure *apiError) *apiError {
+	if failure != nil && ctx.Err() != nil && failure.Code != "client_cancelled" {
+		failure = refuse("client_cancelled", "the caller went away while the provider answered").because(failure).withAttempts(e.t.attempts)
+	}
+	if !budgets[j.kind].spends {
+		return failure
+	}
+	e.t.input, e.t.output = u.InputTokens, u.OutputTokens
+	e.perf.record(c.res.Route, failure == nil, e.now().Sub(start), u.OutputTokens)
+	if failure != nil {
+		e.t.outcome, e.t.retryable = failure.Code, failure.Retryable
+	}
+	return failure
 }
 
 // pin is the subscription that last served an agent's provider, until its earliest window reset (at most 24 h); memory only.
