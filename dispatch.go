@@ -393,13 +393,12 @@ func (e *engine) settle(ctx context.Context, j *job, c call, start time.Time, u 
 	if failure != nil && ctx.Err() != nil && failure.Code != "client_cancelled" {
 		failure = refuse("client_cancelled", "the caller went away while the provider answered").because(failure).withAttempts(e.t.attempts)
 	}
-	if !budgets[j.kind].spends {
-		return failure
-	}
-	e.t.input, e.t.output = u.InputTokens, u.OutputTokens
-	e.perf.record(c.res.Route, failure == nil, e.now().Sub(start), u.OutputTokens)
-	if failure != nil {
-		e.t.outcome, e.t.retryable = failure.Code, failure.Retryable
+	if budgets[j.kind].spends {
+		e.t.input, e.t.output = u.InputTokens, u.OutputTokens
+		e.perf.record(c.res.Route, failure == nil, e.now().Sub(start), u.OutputTokens)
+		if failure != nil {
+			e.t.outcome, e.t.retryable = failure.Code, failure.Retryable
+		}
 	}
 	return failure
 }
