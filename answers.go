@@ -267,7 +267,6 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 			c.t.outcome, c.t.retryable = env.Error.Code, env.Error.Retryable
 			h.Set("X-Should-Retry", strconv.FormatBool(env.Error.Retryable)) // SPEC §8.1
 		}
-		c.t.attempts = 0
 		maps.Copy(h, http.Header{"Brama-Answer-Signature": {*t.Signature}, "Brama-Answer-Replayed": {"true"},
 			"Brama-Attempts": {"0"}, "Content-Type": {"application/json"}})
 		if t.Route != "" { // README: every answer names its route
