@@ -424,9 +424,6 @@ func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vault
 	return nil, &endpointError{Op: "usage report GET", Endpoint: endpoint, Status: status, Received: len(body), Err: err}
 }
 
-// probeMaxTokens is the probe's output limit (SPEC §11.3).
-const probeMaxTokens = 16
-
 // probe runs one completion probe on the live subscription it with model ("": the built-in one), as a request would meet
 // it (SPEC §11.3); 409 before any call when blocked or model-less. Its answer: the probe and the row after it.
 func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, error) {
@@ -465,7 +462,7 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, 
 // drops the output limit (§6.2).
 func (e *engine) ping(ctx context.Context, c call, pool []overlayItem) (u usage, ae *apiError) {
 	ping := []message{{Role: "user", Parts: []part{{Type: partText, Text: "ping"}}}}
-	req := chatRequest{Model: c.res.Route, MaxTokens: probeMaxTokens, Messages: ping}
+	req := chatRequest{Model: c.res.Route, MaxTokens: 16, Messages: ping} // SPEC §11.3's output limit
 	ae = e.attemptRoute(ctx, &job{kind: kindProbe, pool: pool,
 		build: func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
 			return buildUpstreamRequest(ctx, c, &req)
