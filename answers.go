@@ -24,48 +24,8 @@ import (
 	"time"
 )
 
-// How a call kind is answered: commit answers from the one committed call (its spend settled once); a chat request
-// (passthrough or translated), count_tokens and embeddings. Signed answers (SPEC §12); the replay guard (§8.1).
-
-// commit answers from a committed call, never retried (SPEC §7.5), and keeps sub's ledger: spend, a success's pin until
-// the earliest window reset, a block after an in-band rate or quota error. A failed stream aborts: the one abort.
-func (e *engine) commit(ctx context.Context, j *job, c call, req *callerRequest, sub *overlayItem, resp *http.Response,
-	start time.Time) *apiError {
-	defer resp.Body.Close()
-	p, now := c.res.Provider.id, e.now()
-	u, ae, streamed := j.commit(ctx, c, req, resp)
-	if sub != nil && budgets[j.kind].spends {
-		e.ledger.recordUse(sub.ID, p, ae == nil, u.InputTokens, u.OutputTokens)
-		if ae == nil { // only a success pins (SPEC §7.2.4), until a window (this answer's, a usage report's) resets
-			e.pins.Store(e.agent+"\x00"+p, pin{sub.ID, e.ledger.firstReset(sub.ID, now, now.Add(maxPin))})
-		}
-	}
-	var se *upstreamStreamError
-	if sub != nil && ae != nil && errors.As(ae, &se) && (se.Class == refusalRate || se.Class == refusalQuota) {
-		e.ledger.block(sub.ID, p, retryAfter(resp.Header, now), "the provider ended a committed answer with "+se.Code)
-	}
-	if ae = e.settle(ctx, j, c, start, u, ae); ae != nil && streamed {
-		panic(http.ErrAbortHandler)
-	}
-	return ae
-}
-
-// settle records a request's spend and outcome once, however it ended, and
-// returns its refusal: client_cancelled when the caller hung up (SPEC §7.4).
-func (e *engine) settle(ctx context.Context, j *job, c call, start time.Time, u usage, failure *apiError) *apiError {
-	if failure != nil && ctx.Err() != nil && failure.Code != "client_cancelled" {
-		failure = refuse("client_cancelled", "the caller went away while the provider answered").because(failure).withAttempts(e.t.attempts)
-	}
-	if !budgets[j.kind].spends {
-		return failure
-	}
-	e.t.input, e.t.output = u.InputTokens, u.OutputTokens
-	e.perf.record(c.res.Route, failure == nil, e.now().Sub(start), u.OutputTokens)
-	if failure != nil {
-		e.t.outcome, e.t.retryable = failure.Code, failure.Retryable
-	}
-	return failure
-}
+// How a call kind is answered from its committed call: a chat request (passthrough or translated), count_tokens and
+// embeddings. Signed answers (SPEC §12); the replay guard (§8.1).
 
 // serveChat answers a planned chat request on w, passthrough or translated (SPEC §7.6), naming the model asked (a
 // selector's: its candidate's route), or returns the refusal, told first to the replay guard (§8.1). After commit nothing
@@ -307,7 +267,6 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 			c.t.outcome, c.t.retryable = env.Error.Code, env.Error.Retryable
 			h.Set("X-Should-Retry", strconv.FormatBool(env.Error.Retryable)) // SPEC §8.1
 		}
-		c.t.attempts = 0
 		maps.Copy(h, http.Header{"Brama-Answer-Signature": {*t.Signature}, "Brama-Answer-Replayed": {"true"},
 			"Brama-Attempts": {"0"}, "Content-Type": {"application/json"}})
 		if t.Route != "" { // README: every answer names its route
@@ -448,47 +407,6 @@ func (a *answerStore) keep(t *answerRecord, w *httptest.ResponseRecorder, attemp
 	}
 	w.HeaderMap.Set("Brama-Answer-Signature", sig)
 	return nil
-}
-
-// verifyAnswerFile is `brama answers verify` (SPEC §12 item 6): sig over file, or a kept answer's own signature.
-func verifyAnswerFile(st state, file, sig string) error {
-	key, err := readAnswerKey(st, false)
-	body, rerr := os.ReadFile(file)
-	if err = cmp.Or(err, rerr); err != nil {
-		return err
-	}
-	if sig == "" {
-		rec, err := decodeAnswerRecord(body)
-		if err == nil && rec.State != answerComplete {
-			err = errors.New("the answer is still in progress; there is no signature to check")
-		}
-		if err != nil {
-			return fmt.Errorf("%s: %w", file, err)
-		}
-		body, sig = rec.Body, *rec.Signature
-	}
-	if !hmac.Equal([]byte(signAnswer(key, body)), []byte(sig)) {
-		return errSignatureMismatch
-	}
-	return nil
-}
-
-// pruneAnswers removes the records <client>/<key>.json under dir completed before cutoff (SPEC §12 item 7); serve may run.
-func pruneAnswers(dir string, cutoff time.Time, skip func(name string, err error)) (removed int, err error) {
-	names, _ := fs.Glob(os.DirFS(dir), "*/*.json")   // the state directory's path is no pattern
-	before := cutoff.UTC().Format(journalTimeFormat) // state times sort as text
-	for _, name := range names {
-		name = filepath.Join(dir, name)
-		if rec, rerr := readAnswerFile(name); rerr != nil {
-			skip(name, rerr)
-		} else if rec.State == answerComplete && *rec.CompletedAt < before {
-			if err = errors.Join(os.Remove(name), syncDir(filepath.Dir(name))); err != nil {
-				return removed, err
-			}
-			removed++
-		}
-	}
-	return removed, nil
 }
 
 // The replay guard (SPEC §8.1, §17): the same request after a refusal that followed a provider call is refused again,

@@ -2,15 +2,18 @@ package main
 
 import (
 	"cmp"
+	"crypto/hmac"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -253,14 +256,29 @@ func commands() []command {
 			}},
 		{name: "onboard", args: "[-model ROUTE] [-allow-provider-cost]", purpose: "walk the first-use journey in-process: state directory, client, a route that can serve, one real answer", example: "brama onboard -model openai/gpt-4o-mini -allow-provider-cost", run: onboard, flags: []flagSpec{{"model", "", "the `route` of the one real call: a direct route, a deployment, or an alias to one"}, {"allow-provider-cost", false, "make the one real (billable) model call"}}},
 		{name: "answers verify", args: "[-signature v1=HEX] FILE", pos: 1, purpose: "check a kept answer's signature (or a raw body against -signature); prints ok", example: "brama answers verify ~/.brama/answers/local/3f….json", flags: []flagSpec{{"signature", "", "check `v1=HEX` (a Brama-Answer-Signature) over FILE's raw bytes instead of reading FILE as a kept answer"}},
-			run: func(e *cliEnv, o opts, p []string) error {
-				if sig := strings.ToLower(o.s("signature")); sig == "" || isAnswerSignature(sig) {
-					return e.say(verifyAnswerFile(resolveState(e.getenv), p[0], sig), "ok\n")
+			run: func(e *cliEnv, o opts, p []string) error { // SPEC §12 item 6: sig over FILE, or a kept answer's own signature
+				sig := strings.ToLower(o.s("signature"))
+				if sig != "" && !isAnswerSignature(sig) {
+					return &usageError{msg: "-signature must be v1= followed by 64 hex digits"}
 				}
-				return &usageError{msg: "-signature must be v1= followed by 64 hex digits"}
+				key, err := readAnswerKey(resolveState(e.getenv), false)
+				body, rerr := os.ReadFile(p[0])
+				rec := &answerRecord{Body: body, Signature: &sig}
+				if err = cmp.Or(err, rerr); err == nil && sig == "" {
+					if rec, err = decodeAnswerRecord(body); err == nil && rec.State != answerComplete {
+						err = errors.New("the answer is still in progress; there is no signature to check")
+					}
+					if err != nil {
+						err = fmt.Errorf("%s: %w", p[0], err)
+					}
+				}
+				if err == nil && !hmac.Equal([]byte(signAnswer(key, rec.Body)), []byte(*rec.Signature)) {
+					err = errSignatureMismatch
+				}
+				return e.say(err, "ok\n")
 			}},
 		{name: "answers prune", args: "-older-than DURATION", need: []string{"older-than"}, purpose: "remove complete kept answers older than that (never one in progress)", example: "brama answers prune -older-than 720h", flags: []flagSpec{{"older-than", "", "remove complete answers kept longer ago than this `duration` (e.g. 720h)"}},
-			run: func(e *cliEnv, o opts, _ []string) error {
+			run: func(e *cliEnv, o opts, _ []string) error { // SPEC §12 item 7; serve may run
 				age, err := time.ParseDuration(o.s("older-than"))
 				if err != nil || age < 0 {
 					return &usageError{msg: "want a -older-than of zero or more (a duration such as 720h)"}
@@ -269,9 +287,19 @@ func commands() []command {
 				if err != nil {
 					return err
 				}
-				removed, err := pruneAnswers(dir, time.Now().Add(-age), func(name string, err error) {
-					fmt.Fprintf(e.stderr, "brama: skipped %s: %v\n", name, err)
-				})
+				names, _ := fs.Glob(os.DirFS(dir), "*/*.json") // <client>/<key>.json; dir's path is no pattern
+				before, removed := time.Now().Add(-age).UTC().Format(journalTimeFormat), 0
+				for _, name := range names {
+					name = filepath.Join(dir, name)
+					if rec, rerr := readAnswerFile(name); rerr != nil {
+						fmt.Fprintf(e.stderr, "brama: skipped %s: %v\n", name, rerr)
+					} else if rec.State == answerComplete && *rec.CompletedAt < before { // state times sort as text
+						if err = errors.Join(os.Remove(name), syncDir(filepath.Dir(name))); err != nil {
+							break
+						}
+						removed++
+					}
+				}
 				fmt.Fprintf(e.stdout, "removed %d complete answers older than %s\n", removed, age)
 				return err
 			}},

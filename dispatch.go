@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"maps"
 	"net/http"
 	"slices"
@@ -17,9 +16,9 @@ import (
 	"time"
 )
 
-// The attempt engine (SPEC §7): plan checks before dispatch, attemptRoute walks candidates and who pays for them (a direct
-// key or a pool: order, refresh, blocks) within the budget table, send counts each call, exhausted is the one refusal of
-// a walk without an answer; the probe; the other call kinds' answers are answers.go's. The daemon's parts (core) close it.
+// The attempt engine (SPEC §7): plan checks before dispatch; attemptRoute walks candidates and who pays for them (a direct
+// key or a pool: order, refresh, blocks) within the budget table; send counts each call; commit settles the one answer,
+// exhausted is the one refusal of a walk without. answers.go answers each call kind, maintain.go probes. Then the core.
 
 // routeKind is what the budget table is keyed by.
 type routeKind int
@@ -47,12 +46,6 @@ var budgets = map[routeKind]budget{
 	kindProbe:        {calls: 1},
 	kindCountTokens:  {calls: 1},
 }
-
-// Block lengths (SPEC §7.2.4) and the probe's output limit (§11.3).
-const (
-	maxPin         = 24 * time.Hour
-	probeMaxTokens = 16
-)
 
 // engine is one request's attempt engine: the daemon's parts, the log line's tally, and the walk's account of its calls
 // and skips, from which a walk without an answer chooses its one refusal (§7.2.5).
@@ -253,7 +246,10 @@ candidates:
 			case ref == nil || !b.rotate && j.pool == nil: // a transport failure or cut body is potentially billable
 			case ref.class == refusalAuth: // the probe's is recorded, not retried
 				e.auth = true
-				if (!b.rotate || c.cred.AccessToken == "" || slices.Contains(e.refreshed, sub.ID)) && !e.credentialReplaced(*sub, c.cred) {
+				// What a sign-in or refresh put in the vault meanwhile gets the next call, marked nothing (SPEC §10.3, §11.1).
+				vc, err := e.inv.credential(sub.ID)
+				kept := err != nil || cmp.Or(cmp.Or(vc.OAuth, &oauthGrant{}).AccessToken, vc.APIKey) == c.cred.bearer()
+				if (!b.rotate || c.cred.AccessToken == "" || slices.Contains(e.refreshed, sub.ID)) && kept {
 					e.ledger.setCredential(sub.ID, p.id, credNeedsReauth, cmp.Or(ref.sentence, ref.err.Message))
 					e.note(sub.ID, "authentication refused: "+ref.sentence)
 				} else if _, err := e.subscriptionCredential(ctx, j.kind, *sub, c.cred.AccessToken); err == nil &&
@@ -368,54 +364,43 @@ func (e *engine) send(hr *http.Request, c call, sub *overlayItem) (*http.Respons
 	return nil, &ref, ref.err
 }
 
-// probe runs one completion probe on the live subscription it with model ("": the built-in one), as a request would meet
-// it (SPEC §11.3); 409 before any call when blocked or model-less. Its answer: the probe and the row after it.
-func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, error) {
-	if until := e.ledger.blockedUntil(it.ID); !until.IsZero() {
-		return nil, refuse("state_conflict", "subscription %s is blocked until %s; a probe is not sent inside a recorded block",
-			it.ID, until.UTC().Format(time.RFC3339))
+// commit answers from a committed call, never retried (SPEC §7.5), and keeps sub's ledger: spend, a success's pin until
+// the earliest window reset, a block after an in-band rate or quota error. A failed stream aborts: the one abort.
+func (e *engine) commit(ctx context.Context, j *job, c call, req *callerRequest, sub *overlayItem, resp *http.Response,
+	start time.Time) *apiError {
+	defer resp.Body.Close()
+	p, now := c.res.Provider.id, e.now()
+	u, ae, streamed := j.commit(ctx, c, req, resp)
+	if sub != nil && budgets[j.kind].spends {
+		e.ledger.recordUse(sub.ID, p, ae == nil, u.InputTokens, u.OutputTokens)
+		if ae == nil { // only a success pins (SPEC §7.2.4), until a window (this answer's, a usage report's) resets, ≤ 24 h
+			e.pins.Store(e.agent+"\x00"+p, pin{sub.ID, e.ledger.firstReset(sub.ID, now, now.Add(24*time.Hour))})
+		}
 	}
-	builtin, _ := lookupProvider(it.Provider)
-	model = cmp.Or(strings.TrimPrefix(strings.TrimSpace(model), it.Provider+"/"), builtin.probe)
-	if model == "" {
-		return nil, refuse("state_conflict", "name a model for this probe: provider %q has no built-in probe model", it.Provider)
+	var se *upstreamStreamError
+	if sub != nil && ae != nil && errors.As(ae, &se) && (se.Class == refusalRate || se.Class == refusalQuota) {
+		e.ledger.block(sub.ID, p, retryAfter(resp.Header, now), "the provider ended a committed answer with "+se.Code)
 	}
-	res, err := resolveModel(it.Provider+"/"+model, nil, nil, nil)
-	if err != nil {
-		return nil, err
+	if ae = e.settle(ctx, j, c, start, u, ae); ae != nil && streamed {
+		panic(http.ErrAbortHandler)
 	}
-	res.Mode = modeSubscription // paid by the probed subscription, whatever its provider
-	u, ae := e.ping(ctx, call{res: res}, []overlayItem{it})
-	ok, detail := ae == nil, fmt.Sprintf("%s answered (%d output tokens)", res.Route, u.OutputTokens)
-	if !ok && e.t.attempts == 0 && len(e.reasons) == 0 { // refused before any call, as a probe's own refusal
-		ae.Attempts = nil
-		return nil, ae
-	} else if !ok { // the provider refused, its answer could not be read, or the grant could not be refreshed
-		detail = ae.Message
-	}
-	e.ledger.recordCheck(it.ID, res.Provider.id, true, ok, detail)
-	e.inv.invalidate() // the listing shows the probe at once (SPEC §10.2)
-	level := map[bool]slog.Level{true: slog.LevelInfo, false: slog.LevelWarn}[ok]
-	e.log.Log(ctx, level, "usage_probe_"+map[bool]string{true: "ok", false: "failed"}[ok], "request_id", e.t.requestID,
-		"subscription_id", it.ID, "agent_id", e.agent, "provider", it.Provider, "route", res.Route, "detail", ledgerSentence(detail))
-	row := e.inv.row(it, false, e.now())
-	return map[string]any{"ok": true, "probe": cmp.Or(row.Probe, &ledgerCheck{}), "subscription": row}, nil
+	return ae
 }
 
-// ping makes the probe's and onboarding's one completion on c (SPEC §11.3), paid by pool when given; codex's encoder
-// drops the output limit (§6.2).
-func (e *engine) ping(ctx context.Context, c call, pool []overlayItem) (u usage, ae *apiError) {
-	ping := []message{{Role: "user", Parts: []part{{Type: partText, Text: "ping"}}}}
-	req := chatRequest{Model: c.res.Route, MaxTokens: probeMaxTokens, Messages: ping}
-	ae = e.attemptRoute(ctx, &job{kind: kindProbe, pool: pool,
-		build: func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
-			return buildUpstreamRequest(ctx, c, &req)
-		},
-		commit: func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
-			u, ae = relayBuffered(nil, c, resp, e.t.attempts, &callerStream{frames: formatOf(dialectChat).frames, req: req})
-			return u, ae, false // an in-band limit blocks, as a request's
-		}}, c, nil, nil)
-	return u, ae
+// settle records a request's spend and outcome once, however it ended, and
+// returns its refusal: client_cancelled when the caller hung up (SPEC §7.4).
+func (e *engine) settle(ctx context.Context, j *job, c call, start time.Time, u usage, failure *apiError) *apiError {
+	if failure != nil && ctx.Err() != nil && failure.Code != "client_cancelled" {
+		failure = refuse("client_cancelled", "the caller went away while the provider answered").because(failure).withAttempts(e.t.attempts)
+	}
+	if budgets[j.kind].spends {
+		e.t.input, e.t.output = u.InputTokens, u.OutputTokens
+		e.perf.record(c.res.Route, failure == nil, e.now().Sub(start), u.OutputTokens)
+		if failure != nil {
+			e.t.outcome, e.t.retryable = failure.Code, failure.Retryable
+		}
+	}
+	return failure
 }
 
 // pin is the subscription that last served an agent's provider, until its earliest window reset (at most 24 h); memory only.
@@ -542,16 +527,6 @@ func (e *engine) subscriptionCredential(ctx context.Context, kind routeKind, sub
 		return upstreamCredential{}, errSkipSubscription
 	}
 	return cred, nil
-}
-
-// credentialReplaced: the vault no longer holds what a call on sub presented (a sign-in or refresh landed meanwhile), so
-// its 401 or 403 marks nothing and the current credential gets the next call (SPEC §10.3, §11.1).
-func (e *engine) credentialReplaced(sub overlayItem, used upstreamCredential) bool {
-	vc, err := e.inv.credential(sub.ID)
-	if err != nil || vc.OAuth == nil {
-		return err == nil && vc.APIKey != used.APIKey
-	}
-	return vc.OAuth.AccessToken != used.AccessToken
 }
 
 // deps are the state files every command and the server share.

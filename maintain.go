@@ -406,3 +406,53 @@ func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vault
 	}
 	return nil, &endpointError{Op: "usage report GET", Endpoint: endpoint, Status: status, Received: len(body), Err: err}
 }
+
+// probe runs one completion probe on the live subscription it with model ("": the built-in one), as a request would meet
+// it (SPEC §11.3); 409 before any call when blocked or model-less. Its answer: the probe and the row after it.
+func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, error) {
+	if until := e.ledger.blockedUntil(it.ID); !until.IsZero() {
+		return nil, refuse("state_conflict", "subscription %s is blocked until %s; a probe is not sent inside a recorded block",
+			it.ID, until.UTC().Format(time.RFC3339))
+	}
+	builtin, _ := lookupProvider(it.Provider)
+	model = cmp.Or(model, builtin.probe)
+	if model == "" {
+		return nil, refuse("state_conflict", "name a model for this probe: provider %q has no built-in probe model", it.Provider)
+	}
+	res, err := resolveModel(it.Provider+"/"+model, nil, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	res.Mode = modeSubscription // paid by the probed subscription, whatever its provider
+	u, ae := e.ping(ctx, call{res: res}, []overlayItem{it})
+	ok, detail := ae == nil, fmt.Sprintf("%s answered (%d output tokens)", res.Route, u.OutputTokens)
+	if !ok && e.t.attempts == 0 && len(e.reasons) == 0 { // refused before any call, as a probe's own refusal
+		ae.Attempts = nil
+		return nil, ae
+	} else if !ok { // the provider refused, its answer could not be read, or the grant could not be refreshed
+		detail = ae.Message
+	}
+	e.ledger.recordCheck(it.ID, res.Provider.id, true, ok, detail)
+	e.inv.invalidate() // the listing shows the probe at once (SPEC §10.2)
+	level := map[bool]slog.Level{true: slog.LevelInfo, false: slog.LevelWarn}[ok]
+	e.log.Log(ctx, level, "usage_probe_"+map[bool]string{true: "ok", false: "failed"}[ok], "request_id", e.t.requestID,
+		"subscription_id", it.ID, "agent_id", e.agent, "provider", it.Provider, "route", res.Route, "detail", ledgerSentence(detail))
+	row := e.inv.row(it, false, e.now())
+	return map[string]any{"ok": true, "probe": cmp.Or(row.Probe, &ledgerCheck{}), "subscription": row}, nil
+}
+
+// ping makes the probe's and onboarding's one completion on c (SPEC §11.3), paid by pool when given; codex's encoder
+// drops the output limit (§6.2).
+func (e *engine) ping(ctx context.Context, c call, pool []overlayItem) (u usage, ae *apiError) {
+	ping := []message{{Role: "user", Parts: []part{{Type: partText, Text: "ping"}}}}
+	req := chatRequest{Model: c.res.Route, MaxTokens: 16, Messages: ping} // SPEC §11.3's output limit
+	ae = e.attemptRoute(ctx, &job{kind: kindProbe, pool: pool,
+		build: func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
+			return buildUpstreamRequest(ctx, c, &req)
+		},
+		commit: func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
+			u, ae = relayBuffered(nil, c, resp, e.t.attempts, &callerStream{frames: formatOf(dialectChat).frames, req: req})
+			return u, ae, false // an in-band limit blocks, as a request's
+		}}, c, nil, nil)
+	return u, ae
+}

@@ -189,8 +189,8 @@ func TestProbe(t *testing.T) {
 			if strings.HasPrefix(tc.wantAuth, "Bearer sk-probe-oa") {
 				limit = "max_completion_tokens" // openai: its reasoning models refuse max_tokens
 			}
-			if mt, _ := last.body[limit].(float64); mt != probeMaxTokens {
-				t.Errorf("%s %v, want %d", limit, last.body[limit], probeMaxTokens)
+			if mt, _ := last.body[limit].(float64); mt != 16 { // SPEC §11.3
+				t.Errorf("%s %v, want 16", limit, last.body[limit])
 			}
 			if !strings.Contains(string(mustJSON(last.body["messages"])), `"ping"`) {
 				t.Errorf("the probe did not send ping: %v", last.body["messages"])

@@ -178,7 +178,7 @@ func (s *server) routes() {
 				return nil, err
 			}
 			e := &engine{core: &s.core, agent: r.PathValue("agent_id"), t: &infoFrom(r.Context()).tally}
-			return e.probe(r.Context(), it, b.Model)
+			return e.probe(r.Context(), it, strings.TrimPrefix(strings.TrimSpace(b.Model), it.Provider+"/"))
 		}))
 	handle("POST /v1/admin/maintain", reply(200, false, func(r *http.Request, _ *struct{}) (any, error) {
 		rep, err := s.maint.passNow(r.Context())
