@@ -307,25 +307,22 @@ type perfDocument struct {
 	Routes        map[string]perfEntry `json:"routes"`
 }
 
-// perfRegistry keeps one entry per route ever served; the first record, then one at most every 30 s, and
-// flush (at shutdown) write perf.json, so idle writes nothing.
+// perfRegistry keeps one entry per route ever served, written to perf.json at most every 30 s and at shutdown.
 type perfRegistry struct {
-	sys
-	path      string     // perf.json; "" when pathErr is set
-	pathErr   error      // no state directory: the numbers live in memory only
-	unplaced  sync.Once  // logs perf_stats_unplaced at the first record
-	mu        sync.Mutex // guards routes, lastFlush
-	routes    map[string]perfEntry
-	lastFlush time.Time
-	writeMu   sync.Mutex // held from snapshot to rename: racing writes never leave older numbers
+	persisted[perfEntry]           // name "" when pathErr is set
+	pathErr              error     // no state directory: the numbers live in memory only
+	unplaced             sync.Once // logs perf_stats_unplaced at the first record
 }
 
 // newPerfRegistry starts from perf.json; a bad one is logged and replaced at the next flush: telemetry never stops serving.
 func newPerfRegistry(st state, sy sys) *perfRegistry {
-	p := &perfRegistry{sys: sy, routes: map[string]perfEntry{}}
-	p.path, p.pathErr = st.path("perf telemetry", "perf.json")
+	p := &perfRegistry{persisted: persisted[perfEntry]{sys: sy, every: perfFlushEvery, afterFunc: afterFunc, failed: "perf_stats_flush_failed",
+		entries: map[string]perfEntry{}, doc: func(routes map[string]perfEntry, now time.Time) any {
+			return perfDocument{SchemaVersion: 1, FlushedAt: now.UTC(), Routes: routes}
+		}}}
+	p.name, p.pathErr = st.path("perf telemetry", "perf.json")
 	var doc perfDocument
-	b, _, err := readGuarded("perf telemetry", p.path) // path "": absent
+	b, _, err := readGuarded("perf telemetry", p.name) // name "": absent
 	if err == nil {
 		err = decodeStrict("perf telemetry", b, &doc)
 	}
@@ -333,7 +330,7 @@ func newPerfRegistry(st state, sy sys) *perfRegistry {
 		err = fmt.Errorf("perf telemetry: schema_version %d, want 1", doc.SchemaVersion)
 	}
 	if err == nil {
-		maps.Copy(p.routes, doc.Routes)
+		maps.Copy(p.entries, doc.Routes)
 	} else if !errors.Is(err, errFileAbsent) {
 		sy.log.Warn("perf_stats_unreadable", "cause", err.Error())
 	}
@@ -344,47 +341,28 @@ func newPerfRegistry(st state, sy sys) *perfRegistry {
 // invented names leave nothing (SPEC §13; issue 10: 20,000 of them made /metrics 54 MB).
 func (p *perfRegistry) record(route string, ok bool, latency time.Duration, outputTokens int) {
 	ms := max(latency.Milliseconds(), 0)
-	p.mu.Lock()
-	if e, served := p.routes[route]; served || ok {
-		e.Count++
-		e.Failures += int64(boolCount(!ok))
-		e.TotalLatencyMs += ms
-		e.LastLatencyMs = ms
-		e.OutputTokens += int64(max(outputTokens, 0))
-		if ok && latency > 0 && outputTokens > 0 {
-			e.LastTokensPerS = float64(outputTokens) / latency.Seconds()
+	p.change(false, func(routes map[string]perfEntry, _ time.Time) {
+		if e, served := routes[route]; served || ok {
+			e.Count++
+			e.Failures += int64(boolCount(!ok))
+			e.TotalLatencyMs += ms
+			e.LastLatencyMs = ms
+			e.OutputTokens += int64(max(outputTokens, 0))
+			if ok && latency > 0 && outputTokens > 0 {
+				e.LastTokensPerS = float64(outputTokens) / latency.Seconds()
+			}
+			routes[route] = e
 		}
-		p.routes[route] = e
-	}
-	due := p.now().Sub(p.lastFlush) >= perfFlushEvery // a zero lastFlush is long ago
-	p.mu.Unlock()
+	})
 	if p.pathErr != nil {
 		p.unplaced.Do(func() { p.log.Warn("perf_stats_unplaced", "cause", p.pathErr.Error()) })
-	} else if due {
-		p.flush()
-	}
-}
-
-// flush writes a snapshot of the registry into perf.json now; without a state directory the numbers are only in memory.
-func (p *perfRegistry) flush() {
-	if p.pathErr != nil {
-		return
-	}
-	p.writeMu.Lock()
-	defer p.writeMu.Unlock()
-	p.mu.Lock()
-	p.lastFlush = p.now()
-	doc := perfDocument{SchemaVersion: 1, FlushedAt: p.lastFlush.UTC(), Routes: maps.Clone(p.routes)}
-	p.mu.Unlock()
-	if err := writeState(p.path, doc); err != nil {
-		p.log.Warn("perf_stats_flush_failed", "cause", "write perf telemetry: "+err.Error())
 	}
 }
 
 func (p *perfRegistry) snapshot() map[string]perfEntry {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return maps.Clone(p.routes)
+	return maps.Clone(p.entries)
 }
 
 // perfFamilies are the per-route metric families of /metrics, in output order.

@@ -100,26 +100,78 @@ func nudge(ch chan struct{}) {
 	}
 }
 
-// ledger is what dispatch orders by (SPEC §10.3); credential, block and probe changes are written at once, others once a second.
-type ledger struct {
-	log        *slog.Logger
-	now        func() time.Time
-	afterFunc  func(d time.Duration, f func()) ledgerStopper
-	name       string        // ledger.json; "" when there is no state directory or the file is unreadable
-	unreadable error         // why ledger.json could not be read: it is then never written
-	changed    chan struct{} // nudged after every change: maintenance re-arms
-	statusSeq  atomic.Uint64 // immediate mutations (a subscription's status) so far: a listing's cache key
+// persisted is a map kept in memory and written whole to its state file (ledger.json, SPEC §10.3; perf.json, §13): at once
+// when asked or when the last write is every old, else by one write-behind.
+type persisted[V any] struct {
+	sys
+	name      string // the file; "" when there is none (no state directory, or an unreadable file kept for repair)
+	every     time.Duration
+	afterFunc func(d time.Duration, f func()) ledgerStopper
+	doc       func(entries map[string]V, now time.Time) any // the file's document around a copy of the entries
+	failed    string                                        // the log message of a failed write
 
-	mu        sync.Mutex // guards entries, lastWrite, timer
-	entries   map[string]ledgerEntry
-	lastWrite time.Time     // injected-clock moment of the last snapshot taken for the file
+	mu        sync.Mutex // guards entries, dirty, lastWrite, timer
+	entries   map[string]V
+	dirty     bool          // changed since the last write
+	lastWrite time.Time     // clock moment of the last snapshot taken for the file
 	timer     ledgerStopper // the armed write-behind, nil when none
 	writeMu   sync.Mutex    // held from snapshot to rename: racing writes never leave older state
 }
 
+// change applies fn to the entries, then writes them now (immediate, or the last write every ago) or arms the write-behind.
+func (p *persisted[V]) change(immediate bool, fn func(entries map[string]V, now time.Time)) {
+	now := p.now()
+	p.mu.Lock()
+	fn(p.entries, now)
+	p.dirty = true
+	due := immediate || now.Sub(p.lastWrite) >= p.every // a zero lastWrite is long ago
+	if !due && p.timer == nil && p.name != "" {
+		p.timer = p.afterFunc(p.every-now.Sub(p.lastWrite), func() { p.flush(true) })
+	}
+	p.mu.Unlock()
+	if due {
+		p.flush(false)
+	}
+}
+
+// flush writes a snapshot now (at shutdown too) and disarms the write-behind; pendingOnly (the write-behind firing) writes
+// only unwritten changes, so one stopped while it fired writes nothing.
+func (p *persisted[V]) flush(pendingOnly bool) {
+	p.writeMu.Lock()
+	defer p.writeMu.Unlock()
+	p.mu.Lock()
+	if p.name == "" || pendingOnly && !p.dirty {
+		p.mu.Unlock()
+		return
+	}
+	if p.timer != nil {
+		p.timer.Stop()
+		p.timer = nil
+	}
+	p.dirty, p.lastWrite = false, p.now()
+	data, err := marshalState(p.doc(maps.Clone(p.entries), p.lastWrite)) // under mu: entries share their slices
+	p.mu.Unlock()
+	if err = cmp.Or(err, writeFileAtomic(p.name, data)); err != nil {
+		p.log.Warn(p.failed, "cause", err.Error())
+	}
+}
+
+// ledger is what dispatch orders by (SPEC §10.3); credential, block and probe changes are written at once, others once a second.
+type ledger struct {
+	persisted[ledgerEntry]
+	unreadable error         // why ledger.json could not be read: it is then never written
+	changed    chan struct{} // nudged after every change: maintenance re-arms
+	statusSeq  atomic.Uint64 // immediate mutations (a subscription's status) so far: a listing's cache key
+}
+
 // newLedger loads ledger.json; an unreadable one is served empty, logged without its bytes and never overwritten (to repair).
 func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
-	l := &ledger{log: log, now: now, entries: map[string]ledgerEntry{}, changed: make(chan struct{}, 1), afterFunc: afterFunc}
+	l := &ledger{changed: make(chan struct{}, 1), persisted: persisted[ledgerEntry]{sys: sys{log, now}, every: ledgerWriteEvery,
+		afterFunc: afterFunc, failed: "ledger_write_failed", entries: map[string]ledgerEntry{},
+		doc: func(entries map[string]ledgerEntry, _ time.Time) any { // ids not sub_<16 hex> stay in memory: the file parses
+			maps.DeleteFunc(entries, func(id string, _ ledgerEntry) bool { return !isSubscriptionID(id) })
+			return ledgerDoc{SchemaVersion: 1, Subscriptions: entries}
+		}}}
 	f := stateFile[map[string]ledgerEntry]{role: "ledger", parse: parseLedger}
 	f.path, f.pathErr = st.path("ledger", ledgerFile)
 	switch entries, _, err := f.read(); { // read returns pathErr when set
@@ -315,53 +367,18 @@ func (l *ledger) nextDue(now time.Time, retired map[string]bool) (best time.Time
 	return best
 }
 
-// mutate applies fn to id's record (created active), then writes it now (immediate, or a second since), else by one write-behind.
+// mutate applies fn to id's record (created active) and writes it: immediate ones at once.
 func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEntry, now time.Time)) {
 	defer nudge(l.changed)
-	now := l.now()
-	l.mu.Lock()
-	e := l.entryLocked(id)
-	e.Provider = cmp.Or(provider, e.Provider)
-	fn(&e, now)
-	l.entries[id] = e
-	if immediate {
-		l.statusSeq.Add(1)
-	}
-	due := immediate || now.Sub(l.lastWrite) >= ledgerWriteEvery // a zero lastWrite is long ago
-	if !due && l.timer == nil && l.name != "" {
-		var t ledgerStopper
-		t = l.afterFunc(ledgerWriteEvery-now.Sub(l.lastWrite), func() { l.write(&t) })
-		l.timer = t
-	}
-	l.mu.Unlock()
-	if due {
-		l.write(nil)
-	}
-}
-
-// write writes a snapshot now (nil t: also at shutdown) and stops any write-behind, unless there is no file or t (a
-// write-behind) was stopped or superseded while firing; snapshots reach the file in order (writeMu). Ids not sub_<16 hex>
-// stay in memory (the file parses).
-func (l *ledger) write(t *ledgerStopper) {
-	l.writeMu.Lock()
-	defer l.writeMu.Unlock()
-	l.mu.Lock()
-	if l.name == "" || t != nil && l.timer != *t { // *t is read under l.mu, where it was set
-		l.mu.Unlock()
-		return
-	}
-	if l.timer != nil {
-		l.timer.Stop()
-		l.timer = nil
-	}
-	l.lastWrite = l.now()
-	doc := ledgerDoc{SchemaVersion: 1, Subscriptions: maps.Clone(l.entries)}
-	maps.DeleteFunc(doc.Subscriptions, func(id string, _ ledgerEntry) bool { return !isSubscriptionID(id) })
-	data, _ := marshalState(doc) // cannot fail: no floats outside [0,1], no channels
-	l.mu.Unlock()
-	if err := writeFileAtomic(l.name, data); err != nil {
-		l.log.Warn("ledger_write_failed", "cause", fmt.Sprintf("write ledger %s: %v", l.name, err))
-	}
+	l.change(immediate, func(entries map[string]ledgerEntry, now time.Time) {
+		e := l.entryLocked(id)
+		e.Provider = cmp.Or(provider, e.Provider)
+		fn(&e, now)
+		entries[id] = e
+		if immediate {
+			l.statusSeq.Add(1)
+		}
+	})
 }
 
 // planFraction clamps f to [0,1]; NaN reads as 0.
