@@ -168,8 +168,7 @@ type ledger struct {
 func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 	l := &ledger{changed: make(chan struct{}, 1), persisted: persisted[ledgerEntry]{sys: sys{log, now}, every: ledgerWriteEvery,
 		afterFunc: afterFunc, failed: "ledger_write_failed", entries: map[string]ledgerEntry{},
-		doc: func(entries map[string]ledgerEntry, _ time.Time) any { // ids not sub_<16 hex> stay in memory: the file parses
-			maps.DeleteFunc(entries, func(id string, _ ledgerEntry) bool { return !isSubscriptionID(id) })
+		doc: func(entries map[string]ledgerEntry, _ time.Time) any {
 			return ledgerDoc{SchemaVersion: 1, Subscriptions: entries}
 		}}}
 	f := stateFile[map[string]ledgerEntry]{role: "ledger", parse: parseLedger}

@@ -40,8 +40,7 @@ type oauthClient struct {
 	client *http.Client // the provider client: no redirects, no proxy, no timeout
 	vault  *vault
 	ledger *ledger
-	log    *slog.Logger
-	now    func() time.Time
+	sys
 
 	mu       sync.Mutex              // guards inflight
 	inflight map[string]*refreshCall // nil once shutdown began: no new flight starts
@@ -61,7 +60,7 @@ type refreshCall struct {
 
 func newOAuth(getenv func(string) string, client *http.Client, v *vault, l *ledger, log *slog.Logger, now func() time.Time) *oauthClient {
 	flights, cut := context.WithCancel(context.Background())
-	return &oauthClient{getenv: getenv, client: client, vault: v, ledger: l, log: log, now: now,
+	return &oauthClient{getenv: getenv, client: client, vault: v, ledger: l, sys: sys{log, now},
 		inflight: map[string]*refreshCall{}, flights: flights, cut: cut}
 }
 
@@ -89,12 +88,8 @@ func (o *oauthClient) shutdown(cut <-chan struct{}) {
 // from one flight shared by concurrent calls, which a caller's hang-up does not end (STYLE B8).
 func (o *oauthClient) refresh(ctx context.Context, id, provider, refusedAccessToken string) (oauthGrant, error) {
 	o.mu.Lock()
-	if o.inflight == nil {
-		o.mu.Unlock()
-		return oauthGrant{}, errors.New("brama is shutting down")
-	}
 	c, ok := o.inflight[id]
-	if !ok {
+	if !ok && o.inflight != nil {
 		c = &refreshCall{done: make(chan struct{})}
 		o.inflight[id] = c
 		o.wg.Add(1)
@@ -108,7 +103,9 @@ func (o *oauthClient) refresh(ctx context.Context, id, provider, refusedAccessTo
 		}()
 	}
 	o.mu.Unlock()
-	if o.testingOnlyJoined != nil {
+	if c == nil {
+		return oauthGrant{}, errors.New("brama is shutting down")
+	} else if o.testingOnlyJoined != nil {
 		o.testingOnlyJoined(id)
 	}
 	select {
@@ -280,8 +277,8 @@ func readTokenAnswer(endpoint string, status int, body []byte, readErr error, se
 	if f := raw.Expires.v; f >= 1 && f <= 100*365*24*3600 { // more is unusable, not an overflow
 		ans.ExpiresIn = int64(f)
 	}
-	ans.Error, _ = jsonString(raw.Err)
-	if e, ok := errorObject(raw.Err); ok {
+	e, isObject := errorObject(raw.Err) // a string is its msg
+	if ans.Error = e.msg; isObject {
 		ans.Error, ans.Description = cmp.Or(e.typ, e.code, "error"), cmp.Or(ans.Description, e.msg)
 		if definitiveErrors[e.code] {
 			ans.Error = e.code
