@@ -57,20 +57,20 @@ type (
 // catalog is the model metadata of SPEC §6.4. Its source is a file (read on demand) or a URL (read in the
 // background, each good read kept in the model metadata cache); either read settles memory for one TTL.
 type catalog struct {
-	path, url           string       // BRAMA_MODEL_CATALOG_PATH (it wins), else the live URL; "" none
-	cachePath           string       // the model metadata cache; "" without a state directory or for a file
-	client              *http.Client // the provider client: no timeout of Brama's own (SPEC §7.4)
-	log                 *slog.Logger
-	now                 func() time.Time
+	path, url string       // BRAMA_MODEL_CATALOG_PATH (it wins), else the live URL; "" none
+	cachePath string       // the model metadata cache; "" without a state directory or for a file
+	client    *http.Client // the provider client: no timeout of Brama's own (SPEC §7.4)
+	sys
 	ttl                 time.Duration
-	testingOnlyReadDone func()        // runs after each background read settled; nil in production
-	mu                  sync.Mutex    // guards the fields below
-	data                catalogData   // nil when absent
-	why                 string        // why data is nil
-	nextTry             time.Time     // a TTL after the last read, good or bad, or the cache's fetch
-	fileID              string        // a file source's size and mtime at the last read
-	kick                chan struct{} // wakes the background reader; nil until start
-	refreshing          bool          // a background read is queued or running (single flight)
+	testingOnlyReadDone func()          // runs after each background read settled; nil in production
+	mu                  sync.Mutex      // guards the fields below
+	data                catalogData     // nil when absent
+	why                 string          // why data is nil
+	nextTry             time.Time       // a TTL after the last read, good or bad, or the cache's fetch
+	fileID              string          // a file source's size and mtime at the last read
+	ctx                 context.Context // start's, for every background read
+	wg                  *sync.WaitGroup // start's: counts the background reads; nil until start
+	refreshing          bool            // a background read is running (single flight)
 }
 
 // catalogCache is $STATE/model-metadata.json: the last good catalogue and its fetch time.
@@ -85,7 +85,7 @@ func newCatalog(st state, getenv func(string) string, client *http.Client, log *
 	if err != nil {
 		log.Warn("model_catalog_ttl_invalid", "cause", err.Error(), "default_secs", int(defaultCatalogTTL/time.Second))
 	}
-	c := &catalog{client: client, log: log, now: now, ttl: ttl, path: strings.TrimSpace(getenv("BRAMA_MODEL_CATALOG_PATH")),
+	c := &catalog{client: client, sys: sys{log, now}, ttl: ttl, path: strings.TrimSpace(getenv("BRAMA_MODEL_CATALOG_PATH")),
 		why: "no catalogue read has been started"}
 	if c.path != "" {
 		return c
@@ -116,39 +116,39 @@ func newCatalog(st state, getenv func(string) string, client *http.Client, log *
 	return c
 }
 
-// start reads a URL source in the background until ctx (its only cancel, SPEC §7.4): once, then per stale lookup.
+// start reads a URL source in the background until ctx (its only cancel, SPEC §7.4): once, then once per stale lookup.
 func (c *catalog) start(ctx context.Context, wg *sync.WaitGroup) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.url == "" || c.kick != nil {
-		return
+	if c.url != "" && c.wg == nil {
+		c.ctx, c.wg, c.why = ctx, wg, "the first catalogue read has not finished"
+		c.readLocked()
 	}
-	c.kick, c.refreshing, c.why = make(chan struct{}, 1), true, "the first catalogue read has not finished"
-	wg.Add(1)
-	go func(kick <-chan struct{}) {
-		defer wg.Done()
-		for ctx.Err() == nil {
-			data, err := c.read(ctx)
-			c.mu.Lock()
-			if c.refreshing = false; err == nil || ctx.Err() == nil { // shutting down is no catalogue failure
-				c.settleLocked(data, err)
-			}
-			c.mu.Unlock()
-			if err == nil && c.cachePath != "" { // outside the lock: no lookup waits on the disk
-				body, _ := json.Marshal(data) // only maps, strings, numbers and string slices: it cannot fail
-				if err := writeState(c.cachePath, catalogCache{c.now().UTC(), body}); err != nil {
-					c.log.Warn("model_metadata_cache_write_failed", "cause", err.Error())
-				}
-			}
-			if c.testingOnlyReadDone != nil {
-				c.testingOnlyReadDone()
-			}
-			select {
-			case <-ctx.Done():
-			case <-kick:
+}
+
+// readLocked starts one background read, the one in flight (refreshing). Only a live ctx starts one, and serve waits on wg
+// after its requests ended, so no read is added to wg while it is waited on. A good read is kept in the cache too.
+func (c *catalog) readLocked() {
+	c.refreshing = true
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		data, err := c.read(c.ctx)
+		c.mu.Lock()
+		if c.refreshing = false; err == nil || c.ctx.Err() == nil { // shutting down is no catalogue failure
+			c.settleLocked(data, err)
+		}
+		c.mu.Unlock()
+		if err == nil && c.cachePath != "" { // outside the lock: no lookup waits on the disk
+			body, _ := json.Marshal(data) // only maps, strings, numbers and string slices: it cannot fail
+			if err := writeState(c.cachePath, catalogCache{c.now().UTC(), body}); err != nil {
+				c.log.Warn("model_metadata_cache_write_failed", "cause", err.Error())
 			}
 		}
-	}(c.kick)
+		if c.testingOnlyReadDone != nil {
+			c.testingOnlyReadDone()
+		}
+	}()
 }
 
 // read reads and parses the source. Errors quote neither the body, nor the path (it may lie outside the
@@ -195,9 +195,8 @@ func (c *catalog) current() (catalogData, string) {
 	case c.path != "" && (due || c.data == nil && fileID != c.fileID):
 		c.fileID = fileID
 		c.settleLocked(c.read(context.Background()))
-	case c.kick != nil && !c.refreshing && due:
-		c.refreshing = true
-		c.kick <- struct{}{} // never blocks: refreshing admits one kick at a time to its one slot
+	case c.wg != nil && !c.refreshing && due && c.ctx.Err() == nil:
+		c.readLocked()
 	}
 	if c.data == nil {
 		return nil, "the model catalogue is unavailable: " + c.why
