@@ -307,18 +307,13 @@ type perfDocument struct {
 }
 
 // perfRegistry keeps one entry per route ever served, written to perf.json at most every 30 s and at shutdown.
-type perfRegistry struct {
-	persisted[perfEntry]           // name "" when pathErr is set
-	pathErr              error     // no state directory: the numbers live in memory only
-	unplaced             sync.Once // logs perf_stats_unplaced at the first record
-}
+type perfRegistry struct{ persisted[perfEntry] }
 
 // newPerfRegistry starts from perf.json; a bad one is logged and replaced at the next flush: telemetry never stops serving.
 func newPerfRegistry(st state, sy sys) *perfRegistry {
-	p := &perfRegistry{persisted: persisted[perfEntry]{sys: sy, every: perfFlushEvery, afterFunc: afterFunc, failed: "perf_stats_flush_failed",
-		entries: map[string]perfEntry{}, doc: func(routes map[string]perfEntry, now time.Time) any {
-			return perfDocument{SchemaVersion: 1, FlushedAt: now.UTC(), Routes: routes}
-		}}}
+	p := &perfRegistry{persisted: persisted[perfEntry]{sys: sy, every: perfFlushEvery, afterFunc: afterFunc,
+		logAs: [2]string{"perf_stats_unplaced", "perf_stats_flush_failed"}, entries: map[string]perfEntry{},
+		doc: func(m map[string]perfEntry, now time.Time) any { return perfDocument{1, now.UTC(), m} }}}
 	p.name, p.pathErr = st.path("perf telemetry", "perf.json")
 	var doc perfDocument
 	b, _, err := readGuarded("perf telemetry", p.name) // name "": absent
@@ -353,9 +348,6 @@ func (p *perfRegistry) record(route string, ok bool, latency time.Duration, outp
 			routes[route] = e
 		}
 	})
-	if p.pathErr != nil {
-		p.unplaced.Do(func() { p.log.Warn("perf_stats_unplaced", "cause", p.pathErr.Error()) })
-	}
 }
 
 func (p *perfRegistry) snapshot() map[string]perfEntry {

@@ -104,11 +104,13 @@ func nudge(ch chan struct{}) {
 // when asked or when the last write is every old, else by one write-behind.
 type persisted[V any] struct {
 	sys
-	name      string // the file; "" when there is none (no state directory, or an unreadable file kept for repair)
+	name      string // the file; "" when there is none (pathErr, or an unreadable file kept for repair)
+	pathErr   error  // no state directory: the entries live in memory only, said once at the first change
+	unplaced  sync.Once
 	every     time.Duration
 	afterFunc func(d time.Duration, f func()) ledgerStopper
 	doc       func(entries map[string]V, now time.Time) any // the file's document around a copy of the entries
-	failed    string                                        // the log message of a failed write
+	logAs     [2]string                                     // the log messages of pathErr and of a failed write
 
 	mu        sync.Mutex // guards entries, dirty, lastWrite, timer
 	entries   map[string]V
@@ -129,7 +131,9 @@ func (p *persisted[V]) change(immediate bool, fn func(entries map[string]V, now 
 		p.timer = p.afterFunc(p.every-now.Sub(p.lastWrite), func() { p.flush(true) })
 	}
 	p.mu.Unlock()
-	if due {
+	if p.pathErr != nil {
+		p.unplaced.Do(func() { p.log.Warn(p.logAs[0], "cause", p.pathErr.Error()) })
+	} else if due {
 		p.flush(false)
 	}
 }
@@ -152,7 +156,7 @@ func (p *persisted[V]) flush(pendingOnly bool) {
 	data, err := marshalState(p.doc(maps.Clone(p.entries), p.lastWrite)) // under mu: entries share their slices
 	p.mu.Unlock()
 	if err = cmp.Or(err, writeFileAtomic(p.name, data)); err != nil {
-		p.log.Warn(p.failed, "cause", err.Error())
+		p.log.Warn(p.logAs[1], "cause", err.Error())
 	}
 }
 
@@ -167,15 +171,13 @@ type ledger struct {
 // newLedger loads ledger.json; an unreadable one is served empty, logged without its bytes and never overwritten (to repair).
 func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 	l := &ledger{changed: make(chan struct{}, 1), persisted: persisted[ledgerEntry]{sys: sys{log, now}, every: ledgerWriteEvery,
-		afterFunc: afterFunc, failed: "ledger_write_failed", entries: map[string]ledgerEntry{},
-		doc: func(entries map[string]ledgerEntry, _ time.Time) any {
-			return ledgerDoc{SchemaVersion: 1, Subscriptions: entries}
-		}}}
+		afterFunc: afterFunc, logAs: [2]string{"ledger_unplaced", "ledger_write_failed"}, entries: map[string]ledgerEntry{},
+		doc: func(m map[string]ledgerEntry, _ time.Time) any { return ledgerDoc{SchemaVersion: 1, Subscriptions: m} }}}
 	f := stateFile[map[string]ledgerEntry]{role: "ledger", parse: parseLedger}
 	f.path, f.pathErr = st.path("ledger", ledgerFile)
 	switch entries, _, err := f.read(); { // read returns pathErr when set
 	case f.pathErr != nil:
-		log.Warn("ledger_unplaced", "cause", err.Error())
+		l.pathErr = err
 	case err != nil:
 		l.unreadable = err
 		log.Error("ledger_unreadable", "file", f.path, "cause", err.Error())
@@ -286,8 +288,7 @@ func (l *ledger) setCredential(id, provider, state, cause string) {
 // activate records a working grant in one write: the credential active, its expiry and last refresh (0 unknown or never).
 func (l *ledger) activate(id, provider string, expiresAtMs, refreshedAtMs int64) {
 	l.mutate(id, provider, true, func(e *ledgerEntry, now time.Time) {
-		e.Credential = ledgerCredential{State: credActive, RecordedAtMs: now.UnixMilli(), ExpiresAtMs: expiresAtMs,
-			RefreshedAtMs: refreshedAtMs}
+		e.Credential = ledgerCredential{credActive, "", now.UnixMilli(), expiresAtMs, refreshedAtMs}
 	})
 }
 

@@ -319,6 +319,9 @@ func TestLedgerWriteCoalescing(t *testing.T) {
 
 func TestLedgerUnplaced(t *testing.T) {
 	l, _, timers, logs := newTestLedger(state{cause: errors.New("$HOME is not defined")})
+	if lines := ledgerLogLines(t, logs, "ledger_unplaced"); len(lines) != 0 { // SPEC §2.1: at the first mutation
+		t.Errorf("ledger_unplaced logged before any mutation: %v", lines)
+	}
 	l.recordUse(ledgerIDA, "codex", true, 1, 2)
 	l.block(ledgerIDA, "codex", time.Minute, "429")
 	l.setCredential(ledgerIDB, "codex", credNeedsReauth, "401")
