@@ -460,8 +460,7 @@ type number struct {
 }
 
 func (n *number) UnmarshalJSON(b []byte) error {
-	s, _ := jsonString(b)
-	*n = numberOf(cmp.Or(s, string(b)))
+	*n = numberOf(strings.Trim(string(b), `"`)) // a JSON number, or a string holding one
 	return nil
 }
 
@@ -481,8 +480,7 @@ type instant struct {
 }
 
 func (t *instant) UnmarshalJSON(b []byte) error {
-	s, _ := jsonString(b)
-	*t = instant{instantOf(cmp.Or(s, string(b))).ms, true}
+	*t = instant{instantOf(strings.Trim(string(b), `"`)).ms, true}
 	return nil
 }
 
