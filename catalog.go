@@ -133,7 +133,11 @@ func (c *catalog) readLocked() {
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
-		data, err := c.read(c.ctx)
+		status, b, err := callEndpoint(c.ctx, c.client, http.MethodGet, c.url, nil, nil)
+		if err == nil && status/100 != 2 {
+			err = fmt.Errorf("HTTP status %d", status)
+		}
+		data, err := readCatalog(b, err)
 		c.mu.Lock()
 		if c.refreshing = false; err == nil || c.ctx.Err() == nil { // shutting down is no catalogue failure
 			c.settleLocked(data, err)
@@ -151,19 +155,9 @@ func (c *catalog) readLocked() {
 	}()
 }
 
-// read reads and parses the source. Errors quote neither the body, nor the path (it may lie outside the
-// state directory, and /readyz shows them) nor the URL (its query may hold a key).
-func (c *catalog) read(ctx context.Context) (catalogData, error) {
-	var b []byte
-	var err error
-	if c.path != "" {
-		b, err = os.ReadFile(c.path)
-	} else {
-		var status int
-		if status, b, err = callEndpoint(ctx, c.client, http.MethodGet, c.url, nil, nil); err == nil && status/100 != 2 {
-			err = fmt.Errorf("HTTP status %d", status)
-		}
-	}
+// readCatalog parses what a read of the source returned. Its errors quote neither the body, nor the path (it may lie
+// outside the state directory, and /readyz shows them) nor the URL (its query may hold a key).
+func readCatalog(b []byte, err error) (catalogData, error) {
 	if err != nil { // a *fs.PathError or *url.Error: quote only its cause
 		return nil, fmt.Errorf("catalogue read: %w", cmp.Or(errors.Unwrap(err), err))
 	}
@@ -194,7 +188,7 @@ func (c *catalog) current() (catalogData, string) {
 	switch {
 	case c.path != "" && (due || c.data == nil && fileID != c.fileID):
 		c.fileID = fileID
-		c.settleLocked(c.read(context.Background()))
+		c.settleLocked(readCatalog(os.ReadFile(c.path)))
 	case c.wg != nil && !c.refreshing && due && c.ctx.Err() == nil:
 		c.readLocked()
 	}
