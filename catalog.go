@@ -166,8 +166,7 @@ func readCatalog(b []byte, err error) (catalogData, error) {
 
 // settleLocked records a read that ended now: a good one replaces memory, a failed one keeps it; either waits one TTL.
 func (c *catalog) settleLocked(data catalogData, err error) {
-	c.nextTry = c.now().Add(c.ttl)
-	if err != nil {
+	if c.nextTry = c.now().Add(c.ttl); err != nil {
 		c.why = err.Error()
 		c.log.Warn("model_catalog_read_failed", "cause", err.Error())
 	} else {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"crypto/rand"
@@ -288,7 +287,7 @@ func readTokenAnswer(endpoint string, status int, body []byte, readErr error, se
 	secrets = slices.DeleteFunc(slices.Clone(secrets), func(s string) bool { return len(s) < 8 })
 	quote := func(s string) string { return cleanQuoted(redact(s, secrets...), "", maxSentenceBytes) }
 	switch {
-	case !bytes.HasPrefix(bytes.TrimSpace(body), []byte("{")) || err != nil && !errors.As(err, new(*json.UnmarshalTypeError)):
+	case !strings.HasPrefix(strings.TrimSpace(string(body)), "{") || err != nil && !errors.As(err, new(*json.UnmarshalTypeError)):
 		ans, re.Err = tokenAnswer{}, fmt.Errorf("%w: not a JSON object", errTokenMalformed)
 	case ans.Error != "" && oauthErrorCode.MatchString(ans.Error):
 		re.Err = fmt.Errorf("%w: %s", errTokenRefused, quote(ans.Error))
