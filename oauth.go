@@ -369,11 +369,9 @@ func newSignIn(provider string) (signIn, error) {
 func (o *oauthClient) exchangeCode(ctx context.Context, s signIn, code string) (oauthGrant, error) {
 	p, _ := lookupProvider(s.provider)
 	// What was pasted: a redirect URL (codex), "code#state" (claude-code's page) or a bare code.
-	var pasted string
-	if u, err := url.Parse(strings.TrimSpace(code)); err == nil && u.Scheme != "" && u.Host != "" {
+	code, pasted, _ := strings.Cut(strings.TrimSpace(code), "#")
+	if u, err := url.Parse(code); err == nil && u.Scheme != "" && u.Host != "" {
 		code, pasted = u.Query().Get("code"), u.Query().Get("state")
-	} else {
-		code, pasted, _ = strings.Cut(strings.TrimSpace(code), "#")
 	}
 	switch {
 	case pasted != "" && pasted != s.state:
