@@ -87,7 +87,7 @@ func isSubscriptionID(id string) bool {
 	return ok && len(rest) == 16 && strings.Trim(rest, "0123456789abcdef") == ""
 }
 
-// ledgerStopper is a timer at a ledger moment (the write-behind, maintenance's due timer); tests fake afterFunc.
+// ledgerStopper is a timer: a persisted map's write-behind, maintenance's due timer; tests fake afterFunc.
 type ledgerStopper interface{ Stop() bool }
 
 func afterFunc(d time.Duration, f func()) ledgerStopper { return time.AfterFunc(d, f) }
