@@ -61,16 +61,15 @@ type catalog struct {
 	cachePath string       // the model metadata cache; "" without a state directory or for a file
 	client    *http.Client // the provider client: no timeout of Brama's own (SPEC §7.4)
 	sys
-	ttl                 time.Duration
-	testingOnlyReadDone func()          // runs after each background read settled; nil in production
-	mu                  sync.Mutex      // guards the fields below
-	data                catalogData     // nil when absent
-	why                 string          // why data is nil
-	nextTry             time.Time       // a TTL after the last read, good or bad, or the cache's fetch
-	fileID              string          // a file source's size and mtime at the last read
-	ctx                 context.Context // start's, for every background read
-	wg                  *sync.WaitGroup // start's: counts the background reads; nil until start
-	refreshing          bool            // a background read is running (single flight)
+	ttl        time.Duration
+	mu         sync.Mutex      // guards the fields below
+	data       catalogData     // nil when absent
+	why        string          // why data is nil
+	nextTry    time.Time       // a TTL after the last read, good or bad, or the cache's fetch
+	fileID     string          // a file source's size and mtime at the last read
+	ctx        context.Context // start's, for every background read
+	wg         *sync.WaitGroup // start's: counts the background reads; nil until start
+	refreshing bool            // a background read is running (single flight)
 }
 
 // catalogCache is $STATE/model-metadata.json: the last good catalogue and its fetch time.
@@ -148,9 +147,6 @@ func (c *catalog) readLocked() {
 			if err := writeState(c.cachePath, catalogCache{c.now().UTC(), body}); err != nil {
 				c.log.Warn("model_metadata_cache_write_failed", "cause", err.Error())
 			}
-		}
-		if c.testingOnlyReadDone != nil {
-			c.testingOnlyReadDone()
 		}
 	}()
 }
