@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"math"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -316,7 +315,7 @@ func expiredForRequest(g oauthGrant, now time.Time) bool {
 // fillGrant completes g: expiry from the access token's JWT exp, the account id from the id_token
 // where the provider's row says so (SPEC §6.2).
 func fillGrant(provider string, g oauthGrant) oauthGrant {
-	if exp := jwtClaims(g.AccessToken).Exp; g.ExpiresAtMs == 0 && exp >= 1 && exp <= math.MaxInt64/1000/2 {
+	if exp := jwtClaims(g.AccessToken).Exp; g.ExpiresAtMs == 0 && exp >= 1 && exp <= planMaxResetSeconds {
 		g.ExpiresAtMs = int64(exp) * 1000
 	}
 	if p, _ := lookupProvider(provider); p.accountID && g.AccountID == "" {
