@@ -22,7 +22,7 @@ const (
 	credActive, credNeedsReauth, credDisabled = "active", "needs_reauthorization", "disabled"
 	// Where a plan window's reading came from: an answer's headers (SPEC §6.3) or a usage report (§11.2).
 	windowSourceTraffic, windowSourceReport = "traffic", "usage_report"
-	planMaxResetSeconds                     = 1e11 // bounds a reset delay, a window's length, a JWT's exp (year 5138): ms cannot overflow
+	planMaxResetSeconds                     = 1e11 // bounds a reset delay, a window, a JWT's exp (year 5138): ms cannot overflow
 	// A block's length when nothing states one, and the bound of any (SPEC §7.2.4: no reset months away parks a subscription).
 	defaultBlock, maxRetryAfter = 15 * time.Minute, 7 * 24 * time.Hour
 )
