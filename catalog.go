@@ -57,20 +57,19 @@ type (
 // catalog is the model metadata of SPEC §6.4. Its source is a file (read on demand) or a URL (read in the
 // background, each good read kept in the model metadata cache); either read settles memory for one TTL.
 type catalog struct {
-	path, url           string       // BRAMA_MODEL_CATALOG_PATH (it wins), else the live URL; "" none
-	cachePath           string       // the model metadata cache; "" without a state directory or for a file
-	client              *http.Client // the provider client: no timeout of Brama's own (SPEC §7.4)
-	log                 *slog.Logger
-	now                 func() time.Time
-	ttl                 time.Duration
-	testingOnlyReadDone func()        // runs after each background read settled; nil in production
-	mu                  sync.Mutex    // guards the fields below
-	data                catalogData   // nil when absent
-	why                 string        // why data is nil
-	nextTry             time.Time     // a TTL after the last read, good or bad, or the cache's fetch
-	fileID              string        // a file source's size and mtime at the last read
-	kick                chan struct{} // wakes the background reader; nil until start
-	refreshing          bool          // a background read is queued or running (single flight)
+	path, url string       // BRAMA_MODEL_CATALOG_PATH (it wins), else the live URL; "" none
+	cachePath string       // the model metadata cache; "" without a state directory or for a file
+	client    *http.Client // the provider client: no timeout of Brama's own (SPEC §7.4)
+	sys
+	ttl        time.Duration
+	mu         sync.Mutex      // guards the fields below
+	data       catalogData     // nil when absent
+	why        string          // why data is nil
+	nextTry    time.Time       // a TTL after the last read, good or bad, or the cache's fetch
+	fileID     string          // a file source's size and mtime at the last read
+	ctx        context.Context // start's, for every background read
+	wg         *sync.WaitGroup // start's: counts the background reads; nil until start
+	refreshing bool            // a background read is running (single flight)
 }
 
 // catalogCache is $STATE/model-metadata.json: the last good catalogue and its fetch time.
@@ -85,7 +84,7 @@ func newCatalog(st state, getenv func(string) string, client *http.Client, log *
 	if err != nil {
 		log.Warn("model_catalog_ttl_invalid", "cause", err.Error(), "default_secs", int(defaultCatalogTTL/time.Second))
 	}
-	c := &catalog{client: client, log: log, now: now, ttl: ttl, path: strings.TrimSpace(getenv("BRAMA_MODEL_CATALOG_PATH")),
+	c := &catalog{client: client, sys: sys{log, now}, ttl: ttl, path: strings.TrimSpace(getenv("BRAMA_MODEL_CATALOG_PATH")),
 		why: "no catalogue read has been started"}
 	if c.path != "" {
 		return c
@@ -116,54 +115,45 @@ func newCatalog(st state, getenv func(string) string, client *http.Client, log *
 	return c
 }
 
-// start reads a URL source in the background until ctx (its only cancel, SPEC §7.4): once, then per stale lookup.
+// start reads a URL source in the background until ctx (its only cancel, SPEC §7.4): once, then once per stale lookup.
 func (c *catalog) start(ctx context.Context, wg *sync.WaitGroup) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.url == "" || c.kick != nil {
-		return
+	if c.url != "" && c.wg == nil {
+		c.ctx, c.wg, c.why = ctx, wg, "the first catalogue read has not finished"
+		c.readLocked()
 	}
-	c.kick, c.refreshing, c.why = make(chan struct{}, 1), true, "the first catalogue read has not finished"
-	wg.Add(1)
-	go func(kick <-chan struct{}) {
-		defer wg.Done()
-		for ctx.Err() == nil {
-			data, err := c.read(ctx)
-			c.mu.Lock()
-			if c.refreshing = false; err == nil || ctx.Err() == nil { // shutting down is no catalogue failure
-				c.settleLocked(data, err)
-			}
-			c.mu.Unlock()
-			if err == nil && c.cachePath != "" { // outside the lock: no lookup waits on the disk
-				body, _ := json.Marshal(data) // only maps, strings, numbers and string slices: it cannot fail
-				if err := writeState(c.cachePath, catalogCache{c.now().UTC(), body}); err != nil {
-					c.log.Warn("model_metadata_cache_write_failed", "cause", err.Error())
-				}
-			}
-			if c.testingOnlyReadDone != nil {
-				c.testingOnlyReadDone()
-			}
-			select {
-			case <-ctx.Done():
-			case <-kick:
-			}
-		}
-	}(c.kick)
 }
 
-// read reads and parses the source. Errors quote neither the body, nor the path (it may lie outside the
-// state directory, and /readyz shows them) nor the URL (its query may hold a key).
-func (c *catalog) read(ctx context.Context) (catalogData, error) {
-	var b []byte
-	var err error
-	if c.path != "" {
-		b, err = os.ReadFile(c.path)
-	} else {
-		var status int
-		if status, b, err = callEndpoint(ctx, c.client, http.MethodGet, c.url, nil, nil); err == nil && status/100 != 2 {
+// readLocked starts one background read, the one in flight (refreshing). Only a live ctx starts one, and serve waits on wg
+// after its requests ended, so no read is added to wg while it is waited on. A good read is kept in the cache too.
+func (c *catalog) readLocked() {
+	c.refreshing = true
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		status, b, err := callEndpoint(c.ctx, c.client, http.MethodGet, c.url, nil, nil)
+		if err == nil && status/100 != 2 {
 			err = fmt.Errorf("HTTP status %d", status)
 		}
-	}
+		data, err := readCatalog(b, err)
+		c.mu.Lock()
+		if c.refreshing = false; err == nil || c.ctx.Err() == nil { // shutting down is no catalogue failure
+			c.settleLocked(data, err)
+		}
+		c.mu.Unlock()
+		if err == nil && c.cachePath != "" { // outside the lock: no lookup waits on the disk
+			body, _ := json.Marshal(data) // only maps, strings, numbers and string slices: it cannot fail
+			if err := writeState(c.cachePath, catalogCache{c.now().UTC(), body}); err != nil {
+				c.log.Warn("model_metadata_cache_write_failed", "cause", err.Error())
+			}
+		}
+	}()
+}
+
+// readCatalog parses what a read of the source returned. Its errors quote neither the body, nor the path (it may lie
+// outside the state directory, and /readyz shows them) nor the URL (its query may hold a key).
+func readCatalog(b []byte, err error) (catalogData, error) {
 	if err != nil { // a *fs.PathError or *url.Error: quote only its cause
 		return nil, fmt.Errorf("catalogue read: %w", cmp.Or(errors.Unwrap(err), err))
 	}
@@ -172,8 +162,7 @@ func (c *catalog) read(ctx context.Context) (catalogData, error) {
 
 // settleLocked records a read that ended now: a good one replaces memory, a failed one keeps it; either waits one TTL.
 func (c *catalog) settleLocked(data catalogData, err error) {
-	c.nextTry = c.now().Add(c.ttl)
-	if err != nil {
+	if c.nextTry = c.now().Add(c.ttl); err != nil {
 		c.why = err.Error()
 		c.log.Warn("model_catalog_read_failed", "cause", err.Error())
 	} else {
@@ -194,10 +183,9 @@ func (c *catalog) current() (catalogData, string) {
 	switch {
 	case c.path != "" && (due || c.data == nil && fileID != c.fileID):
 		c.fileID = fileID
-		c.settleLocked(c.read(context.Background()))
-	case c.kick != nil && !c.refreshing && due:
-		c.refreshing = true
-		c.kick <- struct{}{} // never blocks: refreshing admits one kick at a time to its one slot
+		c.settleLocked(readCatalog(os.ReadFile(c.path)))
+	case c.wg != nil && !c.refreshing && due && c.ctx.Err() == nil:
+		c.readLocked()
 	}
 	if c.data == nil {
 		return nil, "the model catalogue is unavailable: " + c.why
@@ -307,25 +295,17 @@ type perfDocument struct {
 	Routes        map[string]perfEntry `json:"routes"`
 }
 
-// perfRegistry keeps one entry per route ever served; the first record, then one at most every 30 s, and
-// flush (at shutdown) write perf.json, so idle writes nothing.
-type perfRegistry struct {
-	sys
-	path      string     // perf.json; "" when pathErr is set
-	pathErr   error      // no state directory: the numbers live in memory only
-	unplaced  sync.Once  // logs perf_stats_unplaced at the first record
-	mu        sync.Mutex // guards routes, lastFlush
-	routes    map[string]perfEntry
-	lastFlush time.Time
-	writeMu   sync.Mutex // held from snapshot to rename: racing writes never leave older numbers
-}
+// perfRegistry keeps one entry per route ever served, written to perf.json at most every 30 s and at shutdown.
+type perfRegistry struct{ persisted[perfEntry] }
 
 // newPerfRegistry starts from perf.json; a bad one is logged and replaced at the next flush: telemetry never stops serving.
 func newPerfRegistry(st state, sy sys) *perfRegistry {
-	p := &perfRegistry{sys: sy, routes: map[string]perfEntry{}}
-	p.path, p.pathErr = st.path("perf telemetry", "perf.json")
+	p := &perfRegistry{persisted: persisted[perfEntry]{sys: sy, every: perfFlushEvery, afterFunc: afterFunc,
+		logAs: [2]string{"perf_stats_unplaced", "perf_stats_flush_failed"}, entries: map[string]perfEntry{},
+		doc: func(m map[string]perfEntry, now time.Time) any { return perfDocument{1, now.UTC(), m} }}}
+	p.name, p.pathErr = st.path("perf telemetry", "perf.json")
 	var doc perfDocument
-	b, _, err := readGuarded("perf telemetry", p.path) // path "": absent
+	b, _, err := readGuarded("perf telemetry", p.name) // name "": absent
 	if err == nil {
 		err = decodeStrict("perf telemetry", b, &doc)
 	}
@@ -333,7 +313,7 @@ func newPerfRegistry(st state, sy sys) *perfRegistry {
 		err = fmt.Errorf("perf telemetry: schema_version %d, want 1", doc.SchemaVersion)
 	}
 	if err == nil {
-		maps.Copy(p.routes, doc.Routes)
+		maps.Copy(p.entries, doc.Routes)
 	} else if !errors.Is(err, errFileAbsent) {
 		sy.log.Warn("perf_stats_unreadable", "cause", err.Error())
 	}
@@ -344,47 +324,25 @@ func newPerfRegistry(st state, sy sys) *perfRegistry {
 // invented names leave nothing (SPEC §13; issue 10: 20,000 of them made /metrics 54 MB).
 func (p *perfRegistry) record(route string, ok bool, latency time.Duration, outputTokens int) {
 	ms := max(latency.Milliseconds(), 0)
-	p.mu.Lock()
-	if e, served := p.routes[route]; served || ok {
-		e.Count++
-		e.Failures += int64(boolCount(!ok))
-		e.TotalLatencyMs += ms
-		e.LastLatencyMs = ms
-		e.OutputTokens += int64(max(outputTokens, 0))
-		if ok && latency > 0 && outputTokens > 0 {
-			e.LastTokensPerS = float64(outputTokens) / latency.Seconds()
+	p.change(false, func(routes map[string]perfEntry, _ time.Time) {
+		if e, served := routes[route]; served || ok {
+			e.Count++
+			e.Failures += int64(boolCount(!ok))
+			e.TotalLatencyMs += ms
+			e.LastLatencyMs = ms
+			e.OutputTokens += int64(max(outputTokens, 0))
+			if ok && latency > 0 && outputTokens > 0 {
+				e.LastTokensPerS = float64(outputTokens) / latency.Seconds()
+			}
+			routes[route] = e
 		}
-		p.routes[route] = e
-	}
-	due := p.now().Sub(p.lastFlush) >= perfFlushEvery // a zero lastFlush is long ago
-	p.mu.Unlock()
-	if p.pathErr != nil {
-		p.unplaced.Do(func() { p.log.Warn("perf_stats_unplaced", "cause", p.pathErr.Error()) })
-	} else if due {
-		p.flush()
-	}
-}
-
-// flush writes a snapshot of the registry into perf.json now; without a state directory the numbers are only in memory.
-func (p *perfRegistry) flush() {
-	if p.pathErr != nil {
-		return
-	}
-	p.writeMu.Lock()
-	defer p.writeMu.Unlock()
-	p.mu.Lock()
-	p.lastFlush = p.now()
-	doc := perfDocument{SchemaVersion: 1, FlushedAt: p.lastFlush.UTC(), Routes: maps.Clone(p.routes)}
-	p.mu.Unlock()
-	if err := writeState(p.path, doc); err != nil {
-		p.log.Warn("perf_stats_flush_failed", "cause", "write perf telemetry: "+err.Error())
-	}
+	})
 }
 
 func (p *perfRegistry) snapshot() map[string]perfEntry {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return maps.Clone(p.routes)
+	return maps.Clone(p.entries)
 }
 
 // perfFamilies are the per-route metric families of /metrics, in output order.

@@ -22,7 +22,7 @@ const (
 	credActive, credNeedsReauth, credDisabled = "active", "needs_reauthorization", "disabled"
 	// Where a plan window's reading came from: an answer's headers (SPEC §6.3) or a usage report (§11.2).
 	windowSourceTraffic, windowSourceReport = "traffic", "usage_report"
-	planMaxResetSeconds                     = 1e11 // bounds a reset delay or a window's length (year 5138): ms cannot overflow
+	planMaxResetSeconds                     = 1e11 // bounds a reset delay, a window, a JWT's exp (year 5138): ms cannot overflow
 	// A block's length when nothing states one, and the bound of any (SPEC §7.2.4: no reset months away parks a subscription).
 	defaultBlock, maxRetryAfter = 15 * time.Minute, 7 * 24 * time.Hour
 )
@@ -87,7 +87,7 @@ func isSubscriptionID(id string) bool {
 	return ok && len(rest) == 16 && strings.Trim(rest, "0123456789abcdef") == ""
 }
 
-// ledgerStopper is a timer at a ledger moment (the write-behind, maintenance's due timer); tests fake afterFunc.
+// ledgerStopper is a timer: a persisted map's write-behind, maintenance's due timer; tests fake afterFunc.
 type ledgerStopper interface{ Stop() bool }
 
 func afterFunc(d time.Duration, f func()) ledgerStopper { return time.AfterFunc(d, f) }
@@ -100,31 +100,84 @@ func nudge(ch chan struct{}) {
 	}
 }
 
-// ledger is what dispatch orders by (SPEC §10.3); credential, block and probe changes are written at once, others once a second.
-type ledger struct {
-	log        *slog.Logger
-	now        func() time.Time
-	afterFunc  func(d time.Duration, f func()) ledgerStopper
-	name       string        // ledger.json; "" when there is no state directory or the file is unreadable
-	unreadable error         // why ledger.json could not be read: it is then never written
-	changed    chan struct{} // nudged after every change: maintenance re-arms
-	statusSeq  atomic.Uint64 // immediate mutations (a subscription's status) so far: a listing's cache key
+// persisted is a map kept in memory and written whole to its state file (ledger.json, SPEC §10.3; perf.json, §13): at once
+// when asked or when the last write is every old, else by one write-behind.
+type persisted[V any] struct {
+	sys
+	name      string // the file; "" when there is none (pathErr, or an unreadable file kept for repair)
+	pathErr   error  // no state directory: the entries live in memory only, said once at the first change
+	unplaced  sync.Once
+	every     time.Duration
+	afterFunc func(d time.Duration, f func()) ledgerStopper
+	doc       func(entries map[string]V, now time.Time) any // the file's document around a copy of the entries
+	logAs     [2]string                                     // the log messages of pathErr and of a failed write
 
-	mu        sync.Mutex // guards entries, lastWrite, timer
-	entries   map[string]ledgerEntry
-	lastWrite time.Time     // injected-clock moment of the last snapshot taken for the file
+	mu        sync.Mutex // guards entries, dirty, lastWrite, timer
+	entries   map[string]V
+	dirty     bool          // changed since the last write
+	lastWrite time.Time     // clock moment of the last snapshot taken for the file
 	timer     ledgerStopper // the armed write-behind, nil when none
 	writeMu   sync.Mutex    // held from snapshot to rename: racing writes never leave older state
 }
 
+// change applies fn to the entries, then writes them now (immediate, or the last write every ago) or arms the write-behind.
+func (p *persisted[V]) change(immediate bool, fn func(entries map[string]V, now time.Time)) {
+	now := p.now()
+	p.mu.Lock()
+	fn(p.entries, now)
+	p.dirty = true
+	due := immediate || now.Sub(p.lastWrite) >= p.every // a zero lastWrite is long ago
+	if !due && p.timer == nil && p.name != "" {
+		p.timer = p.afterFunc(p.every-now.Sub(p.lastWrite), func() { p.flush(true) })
+	}
+	p.mu.Unlock()
+	if p.pathErr != nil {
+		p.unplaced.Do(func() { p.log.Warn(p.logAs[0], "cause", p.pathErr.Error()) })
+	} else if due {
+		p.flush(false)
+	}
+}
+
+// flush writes a snapshot now (at shutdown too) and disarms the write-behind; pendingOnly (the write-behind firing) writes
+// only unwritten changes, so one stopped while it fired writes nothing.
+func (p *persisted[V]) flush(pendingOnly bool) {
+	p.writeMu.Lock()
+	defer p.writeMu.Unlock()
+	p.mu.Lock()
+	if p.name == "" || pendingOnly && !p.dirty {
+		p.mu.Unlock()
+		return
+	}
+	if p.timer != nil {
+		p.timer.Stop()
+		p.timer = nil
+	}
+	p.dirty, p.lastWrite = false, p.now()
+	data, err := marshalState(p.doc(maps.Clone(p.entries), p.lastWrite)) // under mu: entries share their slices
+	p.mu.Unlock()
+	if err = cmp.Or(err, writeFileAtomic(p.name, data)); err != nil {
+		p.log.Warn(p.logAs[1], "cause", err.Error())
+	}
+}
+
+// ledger is what dispatch orders by (SPEC §10.3); credential, block and probe changes are written at once, others once a second.
+type ledger struct {
+	persisted[ledgerEntry]
+	unreadable error         // why ledger.json could not be read: it is then never written
+	changed    chan struct{} // nudged after every change: maintenance re-arms
+	statusSeq  atomic.Uint64 // immediate mutations (a subscription's status) so far: a listing's cache key
+}
+
 // newLedger loads ledger.json; an unreadable one is served empty, logged without its bytes and never overwritten (to repair).
 func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
-	l := &ledger{log: log, now: now, entries: map[string]ledgerEntry{}, changed: make(chan struct{}, 1), afterFunc: afterFunc}
+	l := &ledger{changed: make(chan struct{}, 1), persisted: persisted[ledgerEntry]{sys: sys{log, now}, every: ledgerWriteEvery,
+		afterFunc: afterFunc, logAs: [2]string{"ledger_unplaced", "ledger_write_failed"}, entries: map[string]ledgerEntry{},
+		doc: func(m map[string]ledgerEntry, _ time.Time) any { return ledgerDoc{SchemaVersion: 1, Subscriptions: m} }}}
 	f := stateFile[map[string]ledgerEntry]{role: "ledger", parse: parseLedger}
 	f.path, f.pathErr = st.path("ledger", ledgerFile)
 	switch entries, _, err := f.read(); { // read returns pathErr when set
 	case f.pathErr != nil:
-		log.Warn("ledger_unplaced", "cause", err.Error())
+		l.pathErr = err
 	case err != nil:
 		l.unreadable = err
 		log.Error("ledger_unreadable", "file", f.path, "cause", err.Error())
@@ -235,8 +288,7 @@ func (l *ledger) setCredential(id, provider, state, cause string) {
 // activate records a working grant in one write: the credential active, its expiry and last refresh (0 unknown or never).
 func (l *ledger) activate(id, provider string, expiresAtMs, refreshedAtMs int64) {
 	l.mutate(id, provider, true, func(e *ledgerEntry, now time.Time) {
-		e.Credential = ledgerCredential{State: credActive, RecordedAtMs: now.UnixMilli(), ExpiresAtMs: expiresAtMs,
-			RefreshedAtMs: refreshedAtMs}
+		e.Credential = ledgerCredential{credActive, "", now.UnixMilli(), expiresAtMs, refreshedAtMs}
 	})
 }
 
@@ -315,53 +367,18 @@ func (l *ledger) nextDue(now time.Time, retired map[string]bool) (best time.Time
 	return best
 }
 
-// mutate applies fn to id's record (created active), then writes it now (immediate, or a second since), else by one write-behind.
+// mutate applies fn to id's record (created active) and writes it: immediate ones at once.
 func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEntry, now time.Time)) {
 	defer nudge(l.changed)
-	now := l.now()
-	l.mu.Lock()
-	e := l.entryLocked(id)
-	e.Provider = cmp.Or(provider, e.Provider)
-	fn(&e, now)
-	l.entries[id] = e
-	if immediate {
-		l.statusSeq.Add(1)
-	}
-	due := immediate || now.Sub(l.lastWrite) >= ledgerWriteEvery // a zero lastWrite is long ago
-	if !due && l.timer == nil && l.name != "" {
-		var t ledgerStopper
-		t = l.afterFunc(ledgerWriteEvery-now.Sub(l.lastWrite), func() { l.write(&t) })
-		l.timer = t
-	}
-	l.mu.Unlock()
-	if due {
-		l.write(nil)
-	}
-}
-
-// write writes a snapshot now (nil t: also at shutdown) and stops any write-behind, unless there is no file or t (a
-// write-behind) was stopped or superseded while firing; snapshots reach the file in order (writeMu). Ids not sub_<16 hex>
-// stay in memory (the file parses).
-func (l *ledger) write(t *ledgerStopper) {
-	l.writeMu.Lock()
-	defer l.writeMu.Unlock()
-	l.mu.Lock()
-	if l.name == "" || t != nil && l.timer != *t { // *t is read under l.mu, where it was set
-		l.mu.Unlock()
-		return
-	}
-	if l.timer != nil {
-		l.timer.Stop()
-		l.timer = nil
-	}
-	l.lastWrite = l.now()
-	doc := ledgerDoc{SchemaVersion: 1, Subscriptions: maps.Clone(l.entries)}
-	maps.DeleteFunc(doc.Subscriptions, func(id string, _ ledgerEntry) bool { return !isSubscriptionID(id) })
-	data, _ := marshalState(doc) // cannot fail: no floats outside [0,1], no channels
-	l.mu.Unlock()
-	if err := writeFileAtomic(l.name, data); err != nil {
-		l.log.Warn("ledger_write_failed", "cause", fmt.Sprintf("write ledger %s: %v", l.name, err))
-	}
+	l.change(immediate, func(entries map[string]ledgerEntry, now time.Time) {
+		e := l.entryLocked(id)
+		e.Provider = cmp.Or(provider, e.Provider)
+		fn(&e, now)
+		entries[id] = e
+		if immediate {
+			l.statusSeq.Add(1)
+		}
+	})
 }
 
 // planFraction clamps f to [0,1]; NaN reads as 0.
@@ -443,8 +460,7 @@ type number struct {
 }
 
 func (n *number) UnmarshalJSON(b []byte) error {
-	s, _ := jsonString(b)
-	*n = numberOf(cmp.Or(s, string(b)))
+	*n = numberOf(strings.Trim(string(b), `"`)) // a JSON number, or a string holding one
 	return nil
 }
 
@@ -464,8 +480,7 @@ type instant struct {
 }
 
 func (t *instant) UnmarshalJSON(b []byte) error {
-	s, _ := jsonString(b)
-	*t = instant{instantOf(cmp.Or(s, string(b))).ms, true}
+	*t = instant{instantOf(strings.Trim(string(b), `"`)).ms, true}
 	return nil
 }
 

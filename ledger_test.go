@@ -135,7 +135,7 @@ func TestLedgerRoundTrip(t *testing.T) {
 	l.recordCheck(ledgerIDA, "claude-code", true, true, "pong")
 	clock.set(ledgerT0.Add(time.Second))
 	l.setCredential(ledgerIDB, "codex", credNeedsReauth, "invalid_grant")
-	l.write(nil)
+	l.flush(false)
 
 	wantA := ledgerEntry{
 		Provider: "claude-code",
@@ -245,7 +245,7 @@ func TestLedgerUnreadableIsNeverOverwritten(t *testing.T) {
 			if timers.count() != 0 {
 				t.Error("a write-behind was armed for an unreadable ledger")
 			}
-			l.write(nil)
+			l.flush(false)
 			if !l.blockedUntil(ledgerIDA).Equal(ledgerT0.Add(time.Minute)) {
 				t.Error("mutations do not apply in memory")
 			}
@@ -292,7 +292,7 @@ func TestLedgerWriteCoalescing(t *testing.T) {
 		{name: "a second later a use writes at once", at: 2700 * time.Millisecond, do: use, wantRequests: 5, wantBlocked: true, wantTimers: 2, wantDelay: 600 * time.Millisecond},
 		{name: "flush writes what waits", at: 2800 * time.Millisecond, do: func(l *ledger) {
 			use(l)
-			l.write(nil)
+			l.flush(false)
 		}, wantRequests: 6, wantBlocked: true, wantTimers: 3, wantDelay: 900 * time.Millisecond},
 	}
 	for _, s := range steps {
@@ -319,11 +319,14 @@ func TestLedgerWriteCoalescing(t *testing.T) {
 
 func TestLedgerUnplaced(t *testing.T) {
 	l, _, timers, logs := newTestLedger(state{cause: errors.New("$HOME is not defined")})
+	if lines := ledgerLogLines(t, logs, "ledger_unplaced"); len(lines) != 0 { // SPEC §2.1: at the first mutation
+		t.Errorf("ledger_unplaced logged before any mutation: %v", lines)
+	}
 	l.recordUse(ledgerIDA, "codex", true, 1, 2)
 	l.block(ledgerIDA, "codex", time.Minute, "429")
 	l.setCredential(ledgerIDB, "codex", credNeedsReauth, "401")
 	l.recordCheck(ledgerIDA, "codex", false, true, "")
-	l.write(nil)
+	l.flush(false)
 	if err := l.unreadable; err != nil {
 		t.Errorf("unreadable = %v; no state directory is not an unreadable file", err)
 	}
@@ -475,7 +478,7 @@ func TestLedgerSentences(t *testing.T) {
 			l.block(ledgerIDA, "claude-code", time.Minute, c.cause)
 			l.recordCheck(ledgerIDA, "claude-code", false, false, c.cause)
 			l.recordCheck(ledgerIDA, "claude-code", true, false, c.cause)
-			l.write(nil)
+			l.flush(false)
 			e := readLedgerFile(t, dir)[ledgerIDA]
 			got := []string{e.Credential.Cause, e.Block.Reason, e.UsageRead.Detail, e.Probe.Detail}
 			if diff := cmp.Diff([]string{c.want, c.want, c.want, c.want}, got); diff != "" {
@@ -535,7 +538,7 @@ func TestLedgerConcurrent(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	l.write(nil)
+	l.flush(false)
 	if got := readLedgerFile(t, dir)[ledgerIDA].Measured.Requests; got != 400 {
 		t.Errorf("file has %d requests after flush, want 400", got)
 	}

@@ -172,7 +172,7 @@ func serve(e *cliEnv, o opts, _ []string) error {
 		}
 	}
 	client, ledger := newProviderClient(), newLedger(d.st, log, now)
-	defer ledger.write(nil) // pending changes
+	defer ledger.flush(false) // pending changes
 	inv := newInventory(d.st, d.vault, d.journal, ledger, e.getenv, sy)
 	if ids, _ := inv.orphans(); len(ids) > 0 { // kept: /readyz names them (SPEC §17)
 		log.Warn("vault_orphans_unremoved", "count", len(ids), "remove_with", "brama subscription prune-orphans")
@@ -217,7 +217,7 @@ func serve(e *cliEnv, o opts, _ []string) error {
 	defer stopBackground()
 	s.catalog.start(bg, &wg)
 	s.maint.run(bg, &wg) // the listener is up: the start pass may begin
-	defer s.perf.flush()
+	defer s.perf.flush(false)
 	// No grace period of Brama's own (SPEC §7.4): requests end when their providers do, or at the second signal.
 	drained := make(chan error, 1)
 	defer context.AfterFunc(e.ctx, func() {

@@ -236,7 +236,7 @@ func newMaintFixture(t *testing.T) *maintFixture {
 	v := newVault(vpath, verr)
 	fx.j = newJournal(st, sys{log: log, now: clock.now})
 	fx.l = newLedger(st, log, clock.now)
-	t.Cleanup(func() { fx.l.write(nil) }) // stop the write-behind before the directory goes
+	t.Cleanup(func() { fx.l.flush(false) }) // stop the write-behind before the directory goes
 	fx.inv = newInventory(st, v, fx.j, fx.l, getenv, sys{log: log, now: clock.now})
 	client := newProviderClient()
 	fx.o = newOAuth(getenv, client, v, fx.l, log, clock.now)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"crypto/rand"
@@ -12,7 +11,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"math"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -39,8 +37,7 @@ type oauthClient struct {
 	client *http.Client // the provider client: no redirects, no proxy, no timeout
 	vault  *vault
 	ledger *ledger
-	log    *slog.Logger
-	now    func() time.Time
+	sys
 
 	mu       sync.Mutex              // guards inflight
 	inflight map[string]*refreshCall // nil once shutdown began: no new flight starts
@@ -60,7 +57,7 @@ type refreshCall struct {
 
 func newOAuth(getenv func(string) string, client *http.Client, v *vault, l *ledger, log *slog.Logger, now func() time.Time) *oauthClient {
 	flights, cut := context.WithCancel(context.Background())
-	return &oauthClient{getenv: getenv, client: client, vault: v, ledger: l, log: log, now: now,
+	return &oauthClient{getenv: getenv, client: client, vault: v, ledger: l, sys: sys{log, now},
 		inflight: map[string]*refreshCall{}, flights: flights, cut: cut}
 }
 
@@ -88,12 +85,8 @@ func (o *oauthClient) shutdown(cut <-chan struct{}) {
 // from one flight shared by concurrent calls, which a caller's hang-up does not end (STYLE B8).
 func (o *oauthClient) refresh(ctx context.Context, id, provider, refusedAccessToken string) (oauthGrant, error) {
 	o.mu.Lock()
-	if o.inflight == nil {
-		o.mu.Unlock()
-		return oauthGrant{}, errors.New("brama is shutting down")
-	}
 	c, ok := o.inflight[id]
-	if !ok {
+	if !ok && o.inflight != nil {
 		c = &refreshCall{done: make(chan struct{})}
 		o.inflight[id] = c
 		o.wg.Add(1)
@@ -107,7 +100,9 @@ func (o *oauthClient) refresh(ctx context.Context, id, provider, refusedAccessTo
 		}()
 	}
 	o.mu.Unlock()
-	if o.testingOnlyJoined != nil {
+	if c == nil {
+		return oauthGrant{}, errors.New("brama is shutting down")
+	} else if o.testingOnlyJoined != nil {
 		o.testingOnlyJoined(id)
 	}
 	select {
@@ -279,8 +274,8 @@ func readTokenAnswer(endpoint string, status int, body []byte, readErr error, se
 	if f := raw.Expires.v; f >= 1 && f <= 100*365*24*3600 { // more is unusable, not an overflow
 		ans.ExpiresIn = int64(f)
 	}
-	ans.Error, _ = jsonString(raw.Err)
-	if e, ok := errorObject(raw.Err); ok {
+	e, isObject := errorObject(raw.Err) // a string is its msg
+	if ans.Error = e.msg; isObject {
 		ans.Error, ans.Description = cmp.Or(e.typ, e.code, "error"), cmp.Or(ans.Description, e.msg)
 		if definitiveErrors[e.code] {
 			ans.Error = e.code
@@ -290,7 +285,7 @@ func readTokenAnswer(endpoint string, status int, body []byte, readErr error, se
 	secrets = slices.DeleteFunc(slices.Clone(secrets), func(s string) bool { return len(s) < 8 })
 	quote := func(s string) string { return cleanQuoted(redact(s, secrets...), "", maxSentenceBytes) }
 	switch {
-	case !bytes.HasPrefix(bytes.TrimSpace(body), []byte("{")) || err != nil && !errors.As(err, new(*json.UnmarshalTypeError)):
+	case !strings.HasPrefix(strings.TrimSpace(string(body)), "{") || err != nil && !errors.As(err, new(*json.UnmarshalTypeError)):
 		ans, re.Err = tokenAnswer{}, fmt.Errorf("%w: not a JSON object", errTokenMalformed)
 	case ans.Error != "" && oauthErrorCode.MatchString(ans.Error):
 		re.Err = fmt.Errorf("%w: %s", errTokenRefused, quote(ans.Error))
@@ -319,7 +314,7 @@ func expiredForRequest(g oauthGrant, now time.Time) bool {
 // fillGrant completes g: expiry from the access token's JWT exp, the account id from the id_token
 // where the provider's row says so (SPEC §6.2).
 func fillGrant(provider string, g oauthGrant) oauthGrant {
-	if exp := jwtClaims(g.AccessToken).Exp; g.ExpiresAtMs == 0 && exp >= 1 && exp <= math.MaxInt64/1000/2 {
+	if exp := jwtClaims(g.AccessToken).Exp; g.ExpiresAtMs == 0 && exp >= 1 && exp <= planMaxResetSeconds {
 		g.ExpiresAtMs = int64(exp) * 1000
 	}
 	if p, _ := lookupProvider(provider); p.codex && g.AccountID == "" {
@@ -372,11 +367,9 @@ func newSignIn(provider string) (signIn, error) {
 func (o *oauthClient) exchangeCode(ctx context.Context, s signIn, code string) (oauthGrant, error) {
 	p, _ := lookupProvider(s.provider)
 	// What was pasted: a redirect URL (codex), "code#state" (claude-code's page) or a bare code.
-	var pasted string
-	if u, err := url.Parse(strings.TrimSpace(code)); err == nil && u.Scheme != "" && u.Host != "" {
+	code, pasted, _ := strings.Cut(strings.TrimSpace(code), "#")
+	if u, err := url.Parse(code); err == nil && u.Scheme != "" && u.Host != "" {
 		code, pasted = u.Query().Get("code"), u.Query().Get("state")
-	} else {
-		code, pasted, _ = strings.Cut(strings.TrimSpace(code), "#")
 	}
 	switch {
 	case pasted != "" && pasted != s.state:

@@ -96,9 +96,22 @@ func TestPerfFlushEvery30s(t *testing.T) {
 
 	// flush writes at once, whatever the last flush time.
 	clock.advance(time.Second)
-	p.flush()
+	p.flush(false)
 	if doc, _ := readPerfFile(t, dir); doc.Routes["r"].Count != 6 || !doc.FlushedAt.Equal(t0.Add(62*time.Second)) {
 		t.Errorf("after flush: %+v", doc)
+	}
+
+	// A change within 30 s of the last write is written by one write-behind.
+	timers := &ledgerTimers{}
+	p.afterFunc = timers.afterFunc
+	clock.advance(time.Second)
+	p.record("r", true, time.Millisecond, 1)
+	if doc, _ := readPerfFile(t, dir); doc.Routes["r"].Count != 6 || timers.count() != 1 || timers.timers[0].d != 29*time.Second {
+		t.Errorf("a record 1 s after a flush: perf.json count %d, %d write-behinds; want 6 and one in 29 s", doc.Routes["r"].Count, timers.count())
+	}
+	timers.fireLast(t)
+	if doc, _ := readPerfFile(t, dir); doc.Routes["r"].Count != 7 {
+		t.Errorf("after the write-behind: perf.json count %d, want 7", doc.Routes["r"].Count)
 	}
 
 	// A new registry starts from the file.
@@ -163,7 +176,7 @@ func TestPerfNoStateDir(t *testing.T) {
 	if got := p.snapshot()["openai/gpt-5"].Count; got != 3 {
 		t.Errorf("count %d, want 3 kept in memory", got)
 	}
-	p.flush()
+	p.flush(false)
 }
 
 // promSample is one exposition line: name{labels} value.
