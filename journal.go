@@ -30,30 +30,22 @@ const journalTimeFormat = "2006-01-02T15:04:05.000Z"
 // journalRecord is one journal line (SPEC §9). A field never changes meaning once written: kinds and fields are only
 // ever added. Lines of the retired kinds (check, subscription_refresh) stay readable, their fields skipped.
 type journalRecord struct {
-	Kind           string  `json:"kind"`
-	At             string  `json:"at"` // journalTimeFormat
-	SubscriptionID string  `json:"subscription_id,omitempty"`
-	Reason         string  `json:"reason,omitempty"`
-	Provider       string  `json:"provider,omitempty"`
-	Result         string  `json:"result,omitempty"`
-	Detail         string  `json:"detail,omitempty"`
-	Alias          string  `json:"alias,omitempty"`
-	From           *string `json:"from"` // route_change only: always present there, null on create
-	To             *string `json:"to"`   // route_change only: always present there, null on delete
-	By             string  `json:"by,omitempty"`
+	Kind           string `json:"kind"`
+	At             string `json:"at"` // journalTimeFormat
+	SubscriptionID string `json:"subscription_id,omitempty"`
+	Reason         string `json:"reason,omitempty"`
+	Provider       string `json:"provider,omitempty"`
+	Result         string `json:"result,omitempty"`
+	Detail         string `json:"detail,omitempty"`
+	Alias          string `json:"alias,omitempty"`
+	*routeChange          // route_change only, where from and to are always written: null says "created" or "deleted"
+	By             string `json:"by,omitempty"`
 }
 
-// MarshalJSON writes from and to (null when nil) on route_change only, where they say "created" or "deleted" (SPEC §9).
-func (r journalRecord) MarshalJSON() ([]byte, error) {
-	type plain journalRecord // without this method
-	if r.Kind == "route_change" {
-		return json.Marshal(plain(r))
-	}
-	return json.Marshal(struct { // the shallower from/to win (encoding/json's dominant-field rule), omitted
-		plain
-		From *string `json:"from,omitempty"`
-		To   *string `json:"to,omitempty"`
-	}{plain: plain(r)})
+// routeChange is a route_change line's alias destinations before and after.
+type routeChange struct {
+	From *string `json:"from"`
+	To   *string `json:"to"`
 }
 
 // journal is SPEC §9's append-only $STATE/journal.jsonl; any process may append, so it keeps no file open.
@@ -263,10 +255,16 @@ func parseJournalLine(line []byte) (r journalRecord, reason string) {
 		return r, "not a JSON object"
 	}
 	rv := reflect.ValueOf(&r).Elem()
-	for i := range rv.NumField() { // kind and at first: non-empty strings; keys match the tags exactly (json folds case)
-		name, _, _ := strings.Cut(rv.Type().Field(i).Tag.Get("json"), ",")
+	for i, f := range reflect.VisibleFields(rv.Type()) { // kind and at first: non-empty strings; keys match the tags exactly
+		if f.Anonymous && r.Kind == "route_change" { // from and to are read there only
+			r.routeChange = &routeChange{}
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",") // json folds case
 		raw, ok := m[name]
-		field := rv.Field(i).Addr().Interface()
+		if f.Anonymous || len(f.Index) > 1 && r.routeChange == nil {
+			continue
+		}
+		field := rv.FieldByIndex(f.Index).Addr().Interface()
 		switch {
 		case i < 2 && !ok:
 			return journalRecord{}, "missing " + name
@@ -274,8 +272,7 @@ func parseJournalLine(line []byte) (r journalRecord, reason string) {
 			return journalRecord{}, name + " is not a string"
 		case i < 2 && *field.(*string) == "":
 			return journalRecord{}, name + " is empty"
-		case !ok || (name == "from" || name == "to") && r.Kind != "route_change":
-		case json.Unmarshal(raw, field) != nil:
+		case ok && json.Unmarshal(raw, field) != nil:
 			return journalRecord{}, "field " + name + " has the wrong type"
 		}
 	}

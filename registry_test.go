@@ -268,19 +268,19 @@ func TestRegistrySetRemove(t *testing.T) {
 	}{
 		{name: "create", do: func() (*routesDoc, error) { return f.reg.set("chat", ptr("  anthropic/claude-sonnet-4-5 "), "local") },
 			routes: map[string]string{"chat": "anthropic/claude-sonnet-4-5"},
-			rec:    journalRecord{Kind: "route_change", Alias: "chat", To: regStr("anthropic/claude-sonnet-4-5"), By: "local"}},
+			rec:    journalRecord{Kind: "route_change", routeChange: &routeChange{To: regStr("anthropic/claude-sonnet-4-5")}, Alias: "chat", By: "local"}},
 		{name: "bare deployment", do: func() (*routesDoc, error) { return f.reg.set("cheap", ptr("qwen-local"), "cli") },
 			routes: map[string]string{"chat": "anthropic/claude-sonnet-4-5", "cheap": "qwen-local"},
-			rec:    journalRecord{Kind: "route_change", Alias: "cheap", To: regStr("qwen-local"), By: "cli"}},
+			rec:    journalRecord{Kind: "route_change", routeChange: &routeChange{To: regStr("qwen-local")}, Alias: "cheap", By: "cli"}},
 		{name: "replace", do: func() (*routesDoc, error) { return f.reg.set("chat", ptr("best"), "local") },
 			routes: map[string]string{"chat": "best", "cheap": "qwen-local"},
-			rec:    journalRecord{Kind: "route_change", Alias: "chat", From: regStr("anthropic/claude-sonnet-4-5"), To: regStr("best"), By: "local"}},
+			rec:    journalRecord{Kind: "route_change", routeChange: &routeChange{From: regStr("anthropic/claude-sonnet-4-5"), To: regStr("best")}, Alias: "chat", By: "local"}},
 		{name: "best needs no credential yet", do: func() (*routesDoc, error) { return f.reg.set("best", ptr("openai/gpt-4o"), "local") },
 			routes: map[string]string{"best": "openai/gpt-4o", "chat": "best", "cheap": "qwen-local"},
-			rec:    journalRecord{Kind: "route_change", Alias: "best", To: regStr("openai/gpt-4o"), By: "local"}},
+			rec:    journalRecord{Kind: "route_change", routeChange: &routeChange{To: regStr("openai/gpt-4o")}, Alias: "best", By: "local"}},
 		{name: "delete", do: func() (*routesDoc, error) { return f.reg.set("cheap", nil, "cli") },
 			routes: map[string]string{"best": "openai/gpt-4o", "chat": "best"},
-			rec:    journalRecord{Kind: "route_change", Alias: "cheap", From: regStr("qwen-local"), By: "cli"}},
+			rec:    journalRecord{Kind: "route_change", routeChange: &routeChange{From: regStr("qwen-local")}, Alias: "cheap", By: "cli"}},
 	}
 	for i, s := range steps {
 		t.Run(s.name, func(t *testing.T) {
@@ -303,7 +303,7 @@ func TestRegistrySetRemove(t *testing.T) {
 			}
 			want := s.rec
 			want.At = "2025-01-02T03:04:05.000Z"
-			if diff := cmp.Diff(want, recs[i]); diff != "" {
+			if diff := cmp.Diff(want, recs[i], cmp.AllowUnexported(journalRecord{})); diff != "" {
 				t.Errorf("journal record (-want +got):\n%s", diff)
 			}
 			cur, err := f.reg.current()
