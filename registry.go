@@ -87,51 +87,45 @@ func encodeRegistry(d *routesDoc) []byte {
 	return b // strings and ints always marshal
 }
 
-// routesInvalidError says why a registry document is refused; safe to show an operator.
-type routesInvalidError struct{ error }
-
-func invalidf(why string, args ...any) error     { return &routesInvalidError{fmt.Errorf(why, args...)} }
 func parseRegistry(b []byte) (*routesDoc, error) { return readRegistry(b, nil) }
 func clipName(s string) string                   { return truncateUTF8(s, 128) } // a quoted name is logged and may reach a client
 
-// readRegistry applies SPEC §4.1's guards (writers refuse an unknown provider) with decodeStrict's texts; migrating, it
-// drops the fields schema 1 lacks into dropped. A member null (or a model "") is refused: the typed decode takes it for absent.
+// readRegistry applies SPEC §4.1's guards (writers refuse an unknown provider) with decodeStrict's texts, cut (they may quote
+// a key); migrating, it drops the fields schema 1 lacks into dropped. A member null (or a model "") is refused: the typed
+// decode takes it for absent. Every refusal is safe to show an operator.
 func readRegistry(b []byte, dropped *[]string) (*routesDoc, error) {
 	var top map[string]json.RawMessage
 	switch blank := strings.Trim(string(b), " \t\r\n") == ""; { // JSON's whitespace, not Unicode's
 	case len(b) > maxRegistryBytes: // SPEC §4.1
-		return nil, invalidf("registry is %d bytes; the limit is 1 MiB (%d bytes)", len(b), maxRegistryBytes)
+		return nil, fmt.Errorf("registry is %d bytes; the limit is 1 MiB (%d bytes)", len(b), maxRegistryBytes)
 	case blank && dropped == nil:
 		return emptyRoutesDoc(), nil
 	case blank:
-		return nil, invalidf("registry is empty; there is no document to migrate")
+		return nil, errors.New("registry is empty; there is no document to migrate")
 	}
 	if err := decodeStrict("registry", b, &top); err != nil {
-		return nil, invalidf("%s", clipName(err.Error()))
+		return nil, errors.New(truncateUTF8(err.Error(), maxMessageBytes))
 	} else if top == nil {
-		return nil, invalidf("registry must be one JSON object, not null")
+		return nil, errors.New("registry must be one JSON object, not null")
 	}
 	known := func(k string) bool { return k == "schema_version" || k == "deployments" || k == "routes" }
 	unknown := slices.DeleteFunc(slices.Sorted(maps.Keys(top)), known)
 	if len(unknown) > 0 && dropped == nil {
-		return nil, invalidf("registry field %q is not part of schema 1; run brama routes migrate", clipName(unknown[0]))
+		return nil, fmt.Errorf("registry field %q is not part of schema 1; run brama routes migrate", clipName(unknown[0]))
 	} else if dropped != nil {
 		*dropped = unknown
 	}
 	maps.DeleteFunc(top, func(k string, _ json.RawMessage) bool { return !known(k) })
 	doc := emptyRoutesDoc()
-	switch err := decodeStrict("registry", must(json.Marshal(top)), doc); { // decodeStrict calls validate
-	case errors.As(err, new(*routesInvalidError)):
-		return nil, err
-	case err != nil:
-		return nil, invalidf("%s", clipName(err.Error()))
+	if err := decodeStrict("registry", must(json.Marshal(top)), doc); err != nil { // and validate
+		return nil, errors.New(truncateUTF8(err.Error(), maxMessageBytes))
 	}
 	var deps []map[string]json.RawMessage
 	json.Unmarshal(top["deployments"], &deps) // decodeStrict took these bytes: their members are known
 	for _, members := range append(deps, top) {
 		for _, k := range slices.Sorted(maps.Keys(members)) {
 			if v := string(members[k]); v == "null" || k == "model" && v == `""` {
-				return nil, invalidf("registry member %q cannot be %s", k, v)
+				return nil, fmt.Errorf("registry member %q cannot be %s", k, v)
 			}
 		}
 	}
@@ -216,9 +210,9 @@ type rule struct {
 func firstBroken(rules []rule, args ...any) error {
 	for _, r := range rules {
 		if r.bad && len(args) == 0 {
-			return invalidf("%s", r.why)
+			return errors.New(r.why)
 		} else if r.bad {
-			return invalidf(r.why, args...)
+			return fmt.Errorf(r.why, args...)
 		}
 	}
 	return nil

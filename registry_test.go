@@ -706,9 +706,8 @@ func TestParseRegistry(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			got, err := parseRegistry([]byte(tt.in))
 			if tt.wantErr != "" {
-				var ri *routesInvalidError
-				if err == nil || !errors.As(err, &ri) || !strings.Contains(err.Error(), tt.wantErr) {
-					t.Fatalf("parseRegistry error = %v, want a *routesInvalidError containing %q", err, tt.wantErr)
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("parseRegistry error = %v, want one containing %q", err, tt.wantErr)
 				}
 				return
 			}
@@ -785,10 +784,6 @@ func FuzzParseRegistry(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		doc, err := parseRegistry(data)
 		if err != nil {
-			var ri *routesInvalidError
-			if !errors.As(err, &ri) {
-				t.Fatalf("unclassified error %T: %v", err, err)
-			}
 			return
 		}
 		enc := encodeRegistry(doc)
