@@ -160,23 +160,20 @@ func (doc *routesDoc) validate() error {
 		provider, model, canonical := strings.Cut(dest, "/")
 		local := !canonical && dest != modeBest // a deployment or adapter
 		_, _, n := doc.lookupLocal(dest)
-		errs = append(errs, firstBroken([]rule{ // arguments: alias, destination, its length, n
+		errs = append(errs, firstBroken([]rule{ // arguments: alias, destination (no longer than a valid one), n
 			{!aliasPattern.MatchString(alias), "registry alias %[1]q must match [a-z0-9._/-]{1,128}, or [a-z0-9._-]{1,128} then * for a prefix alias"},
 			{alias == modeAny || alias == modeAnyVision, "registry alias %[1]q is a selector name and cannot be declared"},
-			{dest == "", "registry route %[1]q: the destination is empty"},
-			{!utf8.ValidString(dest), "registry route %[1]q: the destination is not valid UTF-8"},
-			{len(dest) > maxDestinationBytes, "registry route %[1]q: the destination is %[3]d bytes; the limit is 512"},
-			{dest != strings.TrimSpace(dest), "registry route %[1]q: destination %[2]q has leading or trailing space"},
+			{!validModel(dest) || !utf8.ValidString(dest) || dest != strings.TrimSpace(dest),
+				"registry route %[1]q: destination %[2]q is not 1-512 bytes of UTF-8 without control characters or surrounding space"},
 			{strings.Contains(dest, "*") && !(strings.HasSuffix(alias, "*") && canonical && model == "*"),
 				`registry route %[1]q: destination %[2]q contains "*"; only a prefix alias (ending in *) may route to <provider>/*`},
-			{strings.IndexFunc(dest, unicode.IsControl) >= 0, "registry route %[1]q: destination %[2]q contains a control character"},
 			{canonical && !providerPattern.MatchString(provider), "registry route %[1]q: destination %[2]q is not a canonical route: the provider must match [a-z0-9._-]{1,64}"},
 			{canonical && model == "", "registry route %[1]q: destination %[2]q is not a canonical route: the model is empty"},
 			{alias == modeBest && (dest == modeBest || local || provider == "local-openai"), // best is paid by subscriptions
 				"registry route %[1]q must name a canonical route of a subscription-capable provider, not %[2]q"},
 			{local && n == 0, "registry route %[1]q: destination %[2]q names no deployment or adapter"},
-			{local && n > 1, "registry route %[1]q: destination %[2]q names %[4]d deployments or adapters; a bare name must name exactly one"},
-		}, clipName(alias), dest, len(dest), n))
+			{local && n > 1, "registry route %[1]q: destination %[2]q names %[3]d deployments or adapters; a bare name must name exactly one"},
+		}, clipName(alias), truncateUTF8(dest, maxDestinationBytes), n))
 	}
 	return cmp.Or(errs...)
 }
