@@ -291,7 +291,7 @@ func boolCount(b bool) int {
 type validator interface{ validate() error }
 
 // decodeStrict is the one strict decoder of state files and admin bodies (SPEC §2.2): no bad UTF-8, deep nesting,
-// duplicate, unknown or case-folded key, or trailing data; then validate.
+// duplicate, unknown or case-folded key, trailing data, or a schema_version but 1; then validate.
 func decodeStrict(role string, b []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
@@ -307,6 +307,11 @@ func decodeStrict(role string, b []byte, v any) error {
 	}
 	if _, end := dec.Token(); err == nil && end != io.EOF {
 		err = errors.New("data after the JSON document")
+	}
+	if sv := reflect.Indirect(reflect.ValueOf(v)); err == nil && sv.Kind() == reflect.Struct { // every state document's
+		if sv = sv.FieldByName("SchemaVersion"); sv.CanInt() && sv.Int() != 1 {
+			err = fmt.Errorf("schema_version %d is not 1", sv.Int())
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", role, err)

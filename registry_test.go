@@ -641,7 +641,7 @@ func TestParseRegistry(t *testing.T) {
 			wantErr: `registry field "fallbacks" is not part of schema 1; run brama routes migrate`},
 		{name: "empty top-level field name", in: `{"routes":{},"":{}}`, wantErr: `registry field "" is not part of schema 1; run brama routes migrate`},
 		{name: "top-level field case differs", in: `{"Routes":{}}`, wantErr: `registry field "Routes" is not part of schema 1`},
-		{name: "schema_version 2", in: `{"schema_version":2}`, wantErr: `"schema_version" must be 1`},
+		{name: "schema_version 2", in: `{"schema_version":2}`, wantErr: `schema_version 2 is not 1`},
 		{name: "schema_version string", in: `{"schema_version":"1"}`, wantErr: `cannot unmarshal string into Go struct field routesDoc.schema_version of type int`},
 		{name: "top level array", in: `[]`, wantErr: "cannot unmarshal array into Go value of type map"},
 		{name: "top level null", in: `null`, wantErr: "must be one JSON object, not null"},

@@ -409,12 +409,9 @@ func parseVault(b []byte) (*vaultDoc, error) {
 	return doc, decodeStrict("vault", b, doc)
 }
 
-// validate refuses another schema and makes every section non-nil (a copy: maps.Collect never answers nil).
+// validate makes every section non-nil (a copy: maps.Collect never answers nil).
 func (d *vaultDoc) validate() error {
 	d.Direct, d.Subscriptions = maps.Collect(maps.All(d.Direct)), maps.Collect(maps.All(d.Subscriptions))
-	if d.SchemaVersion != 1 {
-		return fmt.Errorf("vault: schema_version %d is not 1", d.SchemaVersion)
-	}
 	return nil
 }
 

@@ -52,9 +52,6 @@ func parseOverlay(b []byte) (*overlayDoc, error) {
 
 // validate refuses what no donation writes: every item is held to a donation's rules.
 func (d *overlayDoc) validate() error {
-	if d.SchemaVersion != 1 {
-		return fmt.Errorf("schema_version %d is not 1", d.SchemaVersion)
-	}
 	if d.Items == nil {
 		d.Items = []overlayItem{}
 	}
