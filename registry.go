@@ -81,11 +81,9 @@ func emptyRoutesDoc() *routesDoc {
 	return &routesDoc{SchemaVersion: 1, Deployments: []deployment{}, Routes: map[string]string{}}
 }
 
-// encodeRegistry is the one canonical encoding every writer commits (sorted routes, [] and {} when empty): migrate is idempotent.
-func encodeRegistry(d *routesDoc) []byte {
-	b, _ := marshalState(routesDoc{1, append([]deployment{}, d.Deployments...), maps.Collect(maps.All(d.Routes))})
-	return b // strings and ints always marshal
-}
+// encodeRegistry is the one canonical encoding every writer commits (of a parsed document: sorted routes, [] and {} when
+// empty): migrate is idempotent.
+func encodeRegistry(d *routesDoc) []byte { return must(marshalState(d)) }
 
 func parseRegistry(b []byte) (*routesDoc, error) { return readRegistry(b, nil) }
 func clipName(s string) string                   { return truncateUTF8(s, 128) } // a quoted name is logged and may reach a client

@@ -737,8 +737,8 @@ func TestEncodeRegistryCanonical(t *testing.T) {
 		doc  *routesDoc
 		want string
 	}{
-		{name: "zero document", doc: &routesDoc{}, want: "{\n  \"schema_version\": 1,\n  \"deployments\": [],\n  \"routes\": {}\n}\n"},
-		{name: "routes sorted, optional members omitted", doc: &routesDoc{
+		{name: "empty document", doc: emptyRoutesDoc(), want: "{\n  \"schema_version\": 1,\n  \"deployments\": [],\n  \"routes\": {}\n}\n"},
+		{name: "routes sorted, optional members omitted", doc: &routesDoc{SchemaVersion: 1,
 			Deployments: []deployment{{Name: "d", Endpoint: deploymentEndpoint{Host: "127.0.0.1", Port: 8000}}},
 			Routes:      map[string]string{"z": "best", "a": "d"},
 		}, want: `{
