@@ -64,7 +64,7 @@ type journalFold struct {
 	file   fileIdentity    // dev and ino only
 	off    int64           // bytes folded, always just after a '\n'
 	lines  int             // lines folded, for line numbers
-	retire map[string]bool // subscription ids whose last retire/reinstate is retire
+	retire map[string]bool // by subscription id: whether its last retire/reinstate is retire
 	bad    []string        // /readyz's warning per unreadable line: its number and a reason that never quotes it
 	badN   int
 }
@@ -167,7 +167,7 @@ func (j *journal) size() (int64, error) {
 	return max(id.size, 0), err // an absent file's identity has size -1
 }
 
-// folded folds the lines completed since the last call, logging each bad one, and returns a copy: retire holds the retired
+// folded folds the lines completed since the last call, logging each bad one, and returns a copy: retire is true for the retired
 // subscription ids, where the later of retire and reinstate in file order decides (SPEC §9).
 func (j *journal) folded() (journalFold, error) {
 	j.readMu.Lock()
@@ -177,11 +177,8 @@ func (j *journal) folded() (journalFold, error) {
 		switch {
 		case reason != "":
 			j.log.Warn("journal_line_unreadable", "line", fo.lines, "reason", reason)
-		case rec.SubscriptionID == "":
-		case rec.Kind == "retire":
-			fo.retire[rec.SubscriptionID] = true
-		case rec.Kind == "reinstate":
-			delete(fo.retire, rec.SubscriptionID)
+		case rec.SubscriptionID != "" && (rec.Kind == "retire" || rec.Kind == "reinstate"):
+			fo.retire[rec.SubscriptionID] = rec.Kind == "retire"
 		}
 	})
 	if err != nil {

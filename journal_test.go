@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -30,6 +31,7 @@ func (j *journal) read() (recs []journalRecord, err error) {
 // retired is the journal's retired set (folded's retire).
 func (j *journal) retired() (map[string]bool, error) {
 	fo, err := j.folded()
+	maps.DeleteFunc(fo.retire, func(_ string, retired bool) bool { return !retired }) // a reinstated one reads false
 	return fo.retire, err
 }
 
