@@ -30,30 +30,22 @@ const journalTimeFormat = "2006-01-02T15:04:05.000Z"
 // journalRecord is one journal line (SPEC §9). A field never changes meaning once written: kinds and fields are only
 // ever added. Lines of the retired kinds (check, subscription_refresh) stay readable, their fields skipped.
 type journalRecord struct {
-	Kind           string  `json:"kind"`
-	At             string  `json:"at"` // journalTimeFormat
-	SubscriptionID string  `json:"subscription_id,omitempty"`
-	Reason         string  `json:"reason,omitempty"`
-	Provider       string  `json:"provider,omitempty"`
-	Result         string  `json:"result,omitempty"`
-	Detail         string  `json:"detail,omitempty"`
-	Alias          string  `json:"alias,omitempty"`
-	From           *string `json:"from"` // route_change only: always present there, null on create
-	To             *string `json:"to"`   // route_change only: always present there, null on delete
-	By             string  `json:"by,omitempty"`
+	Kind           string `json:"kind"`
+	At             string `json:"at"` // journalTimeFormat
+	SubscriptionID string `json:"subscription_id,omitempty"`
+	Reason         string `json:"reason,omitempty"`
+	Provider       string `json:"provider,omitempty"`
+	Result         string `json:"result,omitempty"`
+	Detail         string `json:"detail,omitempty"`
+	Alias          string `json:"alias,omitempty"`
+	*routeChange          // route_change only, where from and to are always written: null says "created" or "deleted"
+	By             string `json:"by,omitempty"`
 }
 
-// MarshalJSON writes from and to (null when nil) on route_change only, where they say "created" or "deleted" (SPEC §9).
-func (r journalRecord) MarshalJSON() ([]byte, error) {
-	type plain journalRecord // without this method
-	if r.Kind == "route_change" {
-		return json.Marshal(plain(r))
-	}
-	return json.Marshal(struct { // the shallower from/to win (encoding/json's dominant-field rule), omitted
-		plain
-		From *string `json:"from,omitempty"`
-		To   *string `json:"to,omitempty"`
-	}{plain: plain(r)})
+// routeChange is a route_change line's alias destinations before and after.
+type routeChange struct {
+	From *string `json:"from"`
+	To   *string `json:"to"`
 }
 
 // journal is SPEC §9's append-only $STATE/journal.jsonl; any process may append, so it keeps no file open.
@@ -72,7 +64,7 @@ type journalFold struct {
 	file   fileIdentity    // dev and ino only
 	off    int64           // bytes folded, always just after a '\n'
 	lines  int             // lines folded, for line numbers
-	retire map[string]bool // subscription ids whose last retire/reinstate is retire
+	retire map[string]bool // by subscription id: whether its last retire/reinstate is retire
 	bad    []string        // /readyz's warning per unreadable line: its number and a reason that never quotes it
 	badN   int
 }
@@ -175,7 +167,7 @@ func (j *journal) size() (int64, error) {
 	return max(id.size, 0), err // an absent file's identity has size -1
 }
 
-// folded folds the lines completed since the last call, logging each bad one, and returns a copy: retire holds the retired
+// folded folds the lines completed since the last call, logging each bad one, and returns a copy: retire is true for the retired
 // subscription ids, where the later of retire and reinstate in file order decides (SPEC §9).
 func (j *journal) folded() (journalFold, error) {
 	j.readMu.Lock()
@@ -185,11 +177,8 @@ func (j *journal) folded() (journalFold, error) {
 		switch {
 		case reason != "":
 			j.log.Warn("journal_line_unreadable", "line", fo.lines, "reason", reason)
-		case rec.SubscriptionID == "":
-		case rec.Kind == "retire":
-			fo.retire[rec.SubscriptionID] = true
-		case rec.Kind == "reinstate":
-			delete(fo.retire, rec.SubscriptionID)
+		case rec.SubscriptionID != "" && (rec.Kind == "retire" || rec.Kind == "reinstate"):
+			fo.retire[rec.SubscriptionID] = rec.Kind == "retire"
 		}
 	})
 	if err != nil {
@@ -263,10 +252,16 @@ func parseJournalLine(line []byte) (r journalRecord, reason string) {
 		return r, "not a JSON object"
 	}
 	rv := reflect.ValueOf(&r).Elem()
-	for i := range rv.NumField() { // kind and at first: non-empty strings; keys match the tags exactly (json folds case)
-		name, _, _ := strings.Cut(rv.Type().Field(i).Tag.Get("json"), ",")
+	for i, f := range reflect.VisibleFields(rv.Type()) { // kind and at first: non-empty strings; keys match the tags exactly
+		if f.Anonymous && r.Kind == "route_change" { // from and to are read there only
+			r.routeChange = &routeChange{}
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",") // json folds case
 		raw, ok := m[name]
-		field := rv.Field(i).Addr().Interface()
+		if f.Anonymous || len(f.Index) > 1 && r.routeChange == nil {
+			continue
+		}
+		field := rv.FieldByIndex(f.Index).Addr().Interface()
 		switch {
 		case i < 2 && !ok:
 			return journalRecord{}, "missing " + name
@@ -274,8 +269,7 @@ func parseJournalLine(line []byte) (r journalRecord, reason string) {
 			return journalRecord{}, name + " is not a string"
 		case i < 2 && *field.(*string) == "":
 			return journalRecord{}, name + " is empty"
-		case !ok || (name == "from" || name == "to") && r.Kind != "route_change":
-		case json.Unmarshal(raw, field) != nil:
+		case ok && json.Unmarshal(raw, field) != nil:
 			return journalRecord{}, "field " + name + " has the wrong type"
 		}
 	}
@@ -294,7 +288,7 @@ func boolCount(b bool) int {
 type validator interface{ validate() error }
 
 // decodeStrict is the one strict decoder of state files and admin bodies (SPEC §2.2): no bad UTF-8, deep nesting,
-// duplicate, unknown or case-folded key, or trailing data; then validate.
+// duplicate, unknown or case-folded key, trailing data, or a schema_version but 1; then validate.
 func decodeStrict(role string, b []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
@@ -310,6 +304,11 @@ func decodeStrict(role string, b []byte, v any) error {
 	}
 	if _, end := dec.Token(); err == nil && end != io.EOF {
 		err = errors.New("data after the JSON document")
+	}
+	if sv := reflect.Indirect(reflect.ValueOf(v)); err == nil && sv.Kind() == reflect.Struct { // every state document's
+		if sv = sv.FieldByName("SchemaVersion"); sv.CanInt() && sv.Int() != 1 {
+			err = fmt.Errorf("schema_version %d is not 1", sv.Int())
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", role, err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -30,6 +31,7 @@ func (j *journal) read() (recs []journalRecord, err error) {
 // retired is the journal's retired set (folded's retire).
 func (j *journal) retired() (map[string]bool, error) {
 	fo, err := j.folded()
+	maps.DeleteFunc(fo.retire, func(_ string, retired bool) bool { return !retired }) // a reinstated one reads false
 	return fo.retire, err
 }
 
@@ -113,8 +115,8 @@ func TestJournalAppendReadRoundTrip(t *testing.T) {
 		{"reinstate keeps its own at", journalRecord{Kind: "reinstate", At: "2024-01-01T00:00:00.000Z", SubscriptionID: "sub_1"}},
 		{"refresh", journalRecord{Kind: "subscription_refresh", Provider: "anthropic", Reason: "operator", Result: "failed", Detail: "no grant"}},
 		{"sign in", journalRecord{Kind: "subscription_sign_in", SubscriptionID: "sub_2", Provider: "claude-code", Result: "signed_in"}},
-		{"route create", journalRecord{Kind: "route_change", Alias: "best", To: journalPtr("openai/gpt-5"), By: "cli"}},
-		{"route delete", journalRecord{Kind: "route_change", Alias: "best", From: journalPtr("openai/gpt-5"), By: "admin"}},
+		{"route create", journalRecord{Kind: "route_change", routeChange: &routeChange{To: journalPtr("openai/gpt-5")}, Alias: "best", By: "cli"}},
+		{"route delete", journalRecord{Kind: "route_change", routeChange: &routeChange{From: journalPtr("openai/gpt-5")}, Alias: "best", By: "admin"}},
 		{"newline in a field stays one line", journalRecord{Kind: "retire", SubscriptionID: "sub_3", Reason: "a\nb"}},
 	}
 	for _, tt := range tests {
@@ -135,7 +137,7 @@ func TestJournalAppendReadRoundTrip(t *testing.T) {
 			if want.At == "" {
 				want.At = "2025-03-04T05:06:07.890Z"
 			}
-			if diff := cmp.Diff([]journalRecord{other, want}, got); diff != "" {
+			if diff := cmp.Diff([]journalRecord{other, want}, got, cmp.AllowUnexported(journalRecord{})); diff != "" {
 				t.Errorf("read mismatch (-want +got):\n%s", diff)
 			}
 		})
@@ -226,7 +228,7 @@ func TestJournalTornFinalLine(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []journalRecord{{Kind: "retire", At: "2025-01-01T00:00:00.000Z", SubscriptionID: "sub_1"}}
-	if diff := cmp.Diff(want, recs); diff != "" {
+	if diff := cmp.Diff(want, recs, cmp.AllowUnexported(journalRecord{})); diff != "" {
 		t.Errorf("read with torn tail (-want +got):\n%s", diff)
 	}
 	var out bytes.Buffer
@@ -247,7 +249,7 @@ func TestJournalTornFinalLine(t *testing.T) {
 		t.Fatal(err)
 	}
 	next.At = journalTestNow().Format(journalTimeFormat)
-	if diff := cmp.Diff(append(want, next), recs); diff != "" {
+	if diff := cmp.Diff(append(want, next), recs, cmp.AllowUnexported(journalRecord{})); diff != "" {
 		t.Errorf("read after append (-want +got):\n%s", diff)
 	}
 	if got, err := j.retired(); err != nil || len(got) != 0 {

@@ -81,57 +81,49 @@ func emptyRoutesDoc() *routesDoc {
 	return &routesDoc{SchemaVersion: 1, Deployments: []deployment{}, Routes: map[string]string{}}
 }
 
-// encodeRegistry is the one canonical encoding every writer commits (sorted routes, [] and {} when empty): migrate is idempotent.
-func encodeRegistry(d *routesDoc) []byte {
-	b, _ := marshalState(routesDoc{1, append([]deployment{}, d.Deployments...), maps.Collect(maps.All(d.Routes))})
-	return b // strings and ints always marshal
-}
+// encodeRegistry is the one canonical encoding every writer commits (of a parsed document: sorted routes, [] and {} when
+// empty): migrate is idempotent.
+func encodeRegistry(d *routesDoc) []byte { return must(marshalState(d)) }
 
-// routesInvalidError says why a registry document is refused; safe to show an operator.
-type routesInvalidError struct{ error }
-
-func invalidf(why string, args ...any) error     { return &routesInvalidError{fmt.Errorf(why, args...)} }
 func parseRegistry(b []byte) (*routesDoc, error) { return readRegistry(b, nil) }
 func clipName(s string) string                   { return truncateUTF8(s, 128) } // a quoted name is logged and may reach a client
 
-// readRegistry applies SPEC §4.1's guards (writers refuse an unknown provider) with decodeStrict's texts; migrating, it
-// drops the fields schema 1 lacks into dropped. A member null (or a model "") is refused: the typed decode takes it for absent.
+// readRegistry applies SPEC §4.1's guards (writers refuse an unknown provider) with decodeStrict's texts, cut (they may quote
+// a key); migrating, it drops the fields schema 1 lacks into dropped. A member null (or a model "") is refused: the typed
+// decode takes it for absent. Every refusal is safe to show an operator.
 func readRegistry(b []byte, dropped *[]string) (*routesDoc, error) {
 	var top map[string]json.RawMessage
 	switch blank := strings.Trim(string(b), " \t\r\n") == ""; { // JSON's whitespace, not Unicode's
 	case len(b) > maxRegistryBytes: // SPEC §4.1
-		return nil, invalidf("registry is %d bytes; the limit is 1 MiB (%d bytes)", len(b), maxRegistryBytes)
+		return nil, fmt.Errorf("registry is %d bytes; the limit is 1 MiB (%d bytes)", len(b), maxRegistryBytes)
 	case blank && dropped == nil:
 		return emptyRoutesDoc(), nil
 	case blank:
-		return nil, invalidf("registry is empty; there is no document to migrate")
+		return nil, errors.New("registry is empty; there is no document to migrate")
 	}
 	if err := decodeStrict("registry", b, &top); err != nil {
-		return nil, invalidf("%s", clipName(err.Error()))
+		return nil, errors.New(truncateUTF8(err.Error(), maxMessageBytes))
 	} else if top == nil {
-		return nil, invalidf("registry must be one JSON object, not null")
+		return nil, errors.New("registry must be one JSON object, not null")
 	}
 	known := func(k string) bool { return k == "schema_version" || k == "deployments" || k == "routes" }
 	unknown := slices.DeleteFunc(slices.Sorted(maps.Keys(top)), known)
 	if len(unknown) > 0 && dropped == nil {
-		return nil, invalidf("registry field %q is not part of schema 1; run brama routes migrate", clipName(unknown[0]))
+		return nil, fmt.Errorf("registry field %q is not part of schema 1; run brama routes migrate", clipName(unknown[0]))
 	} else if dropped != nil {
 		*dropped = unknown
 	}
 	maps.DeleteFunc(top, func(k string, _ json.RawMessage) bool { return !known(k) })
 	doc := emptyRoutesDoc()
-	switch err := decodeStrict("registry", must(json.Marshal(top)), doc); { // decodeStrict calls validate
-	case errors.As(err, new(*routesInvalidError)):
-		return nil, err
-	case err != nil:
-		return nil, invalidf("%s", clipName(err.Error()))
+	if err := decodeStrict("registry", must(json.Marshal(top)), doc); err != nil { // and validate
+		return nil, errors.New(truncateUTF8(err.Error(), maxMessageBytes))
 	}
 	var deps []map[string]json.RawMessage
 	json.Unmarshal(top["deployments"], &deps) // decodeStrict took these bytes: their members are known
 	for _, members := range append(deps, top) {
 		for _, k := range slices.Sorted(maps.Keys(members)) {
 			if v := string(members[k]); v == "null" || k == "model" && v == `""` {
-				return nil, invalidf("registry member %q cannot be %s", k, v)
+				return nil, fmt.Errorf("registry member %q cannot be %s", k, v)
 			}
 		}
 	}
@@ -141,8 +133,7 @@ func readRegistry(b []byte, dropped *[]string) (*routesDoc, error) {
 // validate applies SPEC §4.1's guards to a decoded document, refusing with the first broken one: a deployment's endpoint
 // must never point unauthenticated calls at the internet, and no alias may shadow a selector.
 func (doc *routesDoc) validate() error {
-	schema := rule{doc.SchemaVersion != 1, `registry field "schema_version" must be 1, not %d`}
-	errs := []error{firstBroken([]rule{schema}, doc.SchemaVersion)}
+	var errs []error
 	for i := range doc.Deployments {
 		d := &doc.Deployments[i]
 		if len(d.Adapters) == 0 {
@@ -166,23 +157,20 @@ func (doc *routesDoc) validate() error {
 		provider, model, canonical := strings.Cut(dest, "/")
 		local := !canonical && dest != modeBest // a deployment or adapter
 		_, _, n := doc.lookupLocal(dest)
-		errs = append(errs, firstBroken([]rule{ // arguments: alias, destination, its length, n
+		errs = append(errs, firstBroken([]rule{ // arguments: alias, destination (no longer than a valid one), n
 			{!aliasPattern.MatchString(alias), "registry alias %[1]q must match [a-z0-9._/-]{1,128}, or [a-z0-9._-]{1,128} then * for a prefix alias"},
 			{alias == modeAny || alias == modeAnyVision, "registry alias %[1]q is a selector name and cannot be declared"},
-			{dest == "", "registry route %[1]q: the destination is empty"},
-			{!utf8.ValidString(dest), "registry route %[1]q: the destination is not valid UTF-8"},
-			{len(dest) > maxDestinationBytes, "registry route %[1]q: the destination is %[3]d bytes; the limit is 512"},
-			{dest != strings.TrimSpace(dest), "registry route %[1]q: destination %[2]q has leading or trailing space"},
+			{!validModel(dest) || !utf8.ValidString(dest) || dest != strings.TrimSpace(dest),
+				"registry route %[1]q: destination %[2]q is not 1-512 bytes of UTF-8 without control characters or surrounding space"},
 			{strings.Contains(dest, "*") && !(strings.HasSuffix(alias, "*") && canonical && model == "*"),
 				`registry route %[1]q: destination %[2]q contains "*"; only a prefix alias (ending in *) may route to <provider>/*`},
-			{strings.IndexFunc(dest, unicode.IsControl) >= 0, "registry route %[1]q: destination %[2]q contains a control character"},
 			{canonical && !providerPattern.MatchString(provider), "registry route %[1]q: destination %[2]q is not a canonical route: the provider must match [a-z0-9._-]{1,64}"},
 			{canonical && model == "", "registry route %[1]q: destination %[2]q is not a canonical route: the model is empty"},
 			{alias == modeBest && (dest == modeBest || local || provider == "local-openai"), // best is paid by subscriptions
 				"registry route %[1]q must name a canonical route of a subscription-capable provider, not %[2]q"},
 			{local && n == 0, "registry route %[1]q: destination %[2]q names no deployment or adapter"},
-			{local && n > 1, "registry route %[1]q: destination %[2]q names %[4]d deployments or adapters; a bare name must name exactly one"},
-		}, clipName(alias), dest, len(dest), n))
+			{local && n > 1, "registry route %[1]q: destination %[2]q names %[3]d deployments or adapters; a bare name must name exactly one"},
+		}, clipName(alias), truncateUTF8(dest, maxDestinationBytes), n))
 	}
 	return cmp.Or(errs...)
 }
@@ -216,9 +204,9 @@ type rule struct {
 func firstBroken(rules []rule, args ...any) error {
 	for _, r := range rules {
 		if r.bad && len(args) == 0 {
-			return invalidf("%s", r.why)
+			return errors.New(r.why)
 		} else if r.bad {
-			return invalidf(r.why, args...)
+			return fmt.Errorf(r.why, args...)
 		}
 	}
 	return nil
@@ -295,7 +283,7 @@ func (r *registry) current() (*routesDoc, error) {
 func (r *registry) set(alias string, to *string, by string) (*routesDoc, error) {
 	return r.commit(func(doc *routesDoc) (*journalRecord, error) {
 		old, ok := doc.Routes[alias]
-		rec := journalRecord{Kind: "route_change", Alias: alias, To: to, By: by}
+		rec := journalRecord{Kind: "route_change", Alias: alias, By: by, routeChange: &routeChange{To: to}}
 		rec.From = map[bool]*string{true: &old}[ok] // nil: a new alias
 		if to == nil && !ok {
 			return nil, withAlias(refuse("alias_unknown", "alias %q is not declared in the route registry", alias), alias, stateNoRoute, nil)

@@ -400,22 +400,15 @@ func newVault(path string, pathErr error) *vault {
 	return v
 }
 
-// parseVault strictly parses vault bytes; an empty file is an empty vault.
-func parseVault(b []byte) (*vaultDoc, error) {
-	doc := &vaultDoc{SchemaVersion: 1}
-	if len(b) == 0 {
-		return doc, doc.validate()
+// parseVault strictly parses vault bytes, every section non-nil (maps.Collect never answers nil); an empty file is an
+// empty vault.
+func parseVault(b []byte) (doc *vaultDoc, err error) {
+	doc = &vaultDoc{SchemaVersion: 1}
+	if len(b) > 0 {
+		err = decodeStrict("vault", b, doc)
 	}
-	return doc, decodeStrict("vault", b, doc)
-}
-
-// validate refuses another schema and makes every section non-nil (a copy: maps.Collect never answers nil).
-func (d *vaultDoc) validate() error {
-	d.Direct, d.Subscriptions = maps.Collect(maps.All(d.Direct)), maps.Collect(maps.All(d.Subscriptions))
-	if d.SchemaVersion != 1 {
-		return fmt.Errorf("vault: schema_version %d is not 1", d.SchemaVersion)
-	}
-	return nil
+	doc.Direct, doc.Subscriptions = maps.Collect(maps.All(doc.Direct)), maps.Collect(maps.All(doc.Subscriptions))
+	return doc, err
 }
 
 // keepUnwritten keeps g, the rotation of old, until a vault write takes it.

@@ -52,24 +52,19 @@ func parseOverlay(b []byte) (*overlayDoc, error) {
 
 // validate refuses what no donation writes: every item is held to a donation's rules.
 func (d *overlayDoc) validate() error {
-	if d.SchemaVersion != 1 {
-		return fmt.Errorf("schema_version %d is not 1", d.SchemaVersion)
-	}
 	if d.Items == nil {
 		d.Items = []overlayItem{}
 	}
-	seen := map[string]bool{}
 	for i, it := range d.Items {
-		if err := checkItem(it, seen[it.ID]); err != nil {
+		if err := checkItem(it, d.Items[:i]); err != nil {
 			return fmt.Errorf("items[%d]: %w", i, err)
 		}
-		seen[it.ID] = true
 	}
 	return nil
 }
 
-// checkItem is the rule table of an overlay item, the same for a donation and for the file.
-func checkItem(it overlayItem, twice bool) error {
+// checkItem is the rule table of an overlay item, the same for a donation and for the file, where it follows before.
+func checkItem(it overlayItem, before []overlayItem) error {
 	p, known := lookupProvider(it.Provider)
 	_, timeErr := time.Parse(time.RFC3339Nano, it.CreatedAt)
 	return firstBroken([]rule{
@@ -78,7 +73,7 @@ func checkItem(it overlayItem, twice bool) error {
 		{!idPattern.MatchString(it.AgentID), fmt.Sprintf("agent_id %q must match [a-z0-9-]{1,64}", it.AgentID)},
 		{len(it.Label) > 128 || !printable(it.Label), "label must be printable UTF-8 text on one line, at most 128 bytes"},
 		{timeErr != nil, fmt.Sprintf("created_at %q is not an RFC 3339 time", it.CreatedAt)},
-		{twice, fmt.Sprintf("id %q appears twice", it.ID)}})
+		{slices.ContainsFunc(before, func(o overlayItem) bool { return o.ID == it.ID }), fmt.Sprintf("id %q appears twice", it.ID)}})
 }
 
 // printable: valid UTF-8 of printable runes, so no control character reaches a terminal or a log line.
@@ -230,7 +225,7 @@ func (inv *inventory) store(it overlayItem, cred vaultCredential, by string) (ov
 		rand.Read(rnd)
 		it.ID, it.CreatedAt = fmt.Sprintf("sub_%x", rnd), inv.now().UTC().Format(journalTimeFormat)
 	}
-	if err := checkItem(it, false); fresh && err != nil {
+	if err := checkItem(it, nil); fresh && err != nil {
 		return overlayItem{}, refuse("invalid_request", "%s", err)
 	}
 	if err := inv.j.ready(); by != "" && err != nil {

@@ -114,7 +114,7 @@ func TestCheckLabelAndReason(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			item := overlayItem{ID: "sub_0123456789abcdef", Provider: "kimi", AgentID: "a1", Label: tc.text, CreatedAt: "2026-01-02T03:04:05.000Z"}
-			if got := checkItem(item, false) == nil; got != tc.label {
+			if got := checkItem(item, nil) == nil; got != tc.label {
 				t.Errorf("label accepted = %v, want %v", got, tc.label)
 			}
 			err := inv.setRetired("retire", "a1", "sub_0123456789abcdef", tc.text)
