@@ -309,9 +309,6 @@ func newPerfRegistry(st state, sy sys) *perfRegistry {
 	if err == nil {
 		err = decodeStrict("perf telemetry", b, &doc)
 	}
-	if err == nil && doc.SchemaVersion != 1 {
-		err = fmt.Errorf("perf telemetry: schema_version %d, want 1", doc.SchemaVersion)
-	}
 	if err == nil {
 		maps.Copy(p.entries, doc.Routes)
 	} else if !errors.Is(err, errFileAbsent) {

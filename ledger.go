@@ -193,7 +193,7 @@ func parseLedger(b []byte) (map[string]ledgerEntry, error) {
 	if err := decodeStrict(ledgerFile, b, &doc); err != nil && len(b) > 0 {
 		return nil, err
 	}
-	rules := []rule{{doc.SchemaVersion != 1, fmt.Sprintf("schema_version %d is not 1", doc.SchemaVersion)}}
+	var rules []rule
 	for id, e := range doc.Subscriptions { // null is the zero entry: refused as a missing credential state
 		bad := slices.IndexFunc(e.Windows, func(w planWindow) bool { return !(w.UsedFraction >= 0 && w.UsedFraction <= 1) })
 		rules = append(rules, rule{!isSubscriptionID(id), fmt.Sprintf("subscriptions member %q is not sub_<16 hex>", id)},
