@@ -93,9 +93,9 @@ var chatNested = map[string]string{"text": "", "image_url": "url detail", "file"
 	"function": "name description parameters strict", "custom": "name description format"}
 
 // parseChatCompletions parses a caller's body; every step runs and the first refusal wins.
-func parseChatCompletions(body []byte) (chatRequest, error) {
+func parseChatCompletions(cr *callerRequest) (chatRequest, error) {
 	var b chatRequestBody
-	req, err := newCallerRequest(dialectChat, body, &b, &b.callerHead, chatKnown)
+	req, err := newCallerRequest(cr, &b, &b.callerHead, chatKnown)
 	if err != nil {
 		return chatRequest{}, err
 	}

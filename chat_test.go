@@ -114,7 +114,7 @@ func TestParseChatCompletions(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := parseChatCompletions([]byte(tc.body))
+			got, err := parseCaller(dialectChat, []byte(tc.body))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -172,7 +172,7 @@ func TestParseChatCompletionsRefuses(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := parseChatCompletions([]byte(tc.body))
+			_, err := parseCaller(dialectChat, []byte(tc.body))
 			wantInvalidRequest(t, err)
 			if strings.Contains(err.Error(), dialectPromptText) {
 				t.Errorf("refusal quotes the prompt: %v", err)

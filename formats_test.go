@@ -383,7 +383,7 @@ func TestParseRequestDispatch(t *testing.T) {
 	}
 	want := []message{{Role: "user", Parts: []part{{Type: partText, Text: "hi"}}}}
 	for _, tc := range tests {
-		req, err := formatOf(tc.dialect).parse([]byte(tc.body))
+		req, err := parseCaller(tc.dialect, []byte(tc.body))
 		if err != nil {
 			t.Fatalf("%s: %v", tc.dialect, err)
 		}
@@ -391,6 +391,15 @@ func TestParseRequestDispatch(t *testing.T) {
 			t.Errorf("%s messages (-want +got):\n%s", tc.dialect, diff)
 		}
 	}
+}
+
+// parseCaller parses body in dialect as the plan does: its head read once (readCallerRequest), then the whole.
+func parseCaller(dialect string, body []byte) (chatRequest, error) {
+	cr, err := readCallerRequest(dialect, nil, body)
+	if err != nil {
+		return chatRequest{}, err
+	}
+	return formatOf(dialect).parse(cr)
 }
 
 // fuzzDialectParse is the shared body of the three parser fuzz targets: no panic,
@@ -404,7 +413,7 @@ func fuzzDialectParse(f *testing.F, dialect string, seeds ...string) {
 	}
 	wf := formatOf(dialect)
 	f.Fuzz(func(t *testing.T, body []byte) {
-		req, err := wf.parse(body)
+		req, err := parseCaller(dialect, body)
 		if err != nil {
 			var ae *apiError
 			if !errors.As(err, &ae) || ae.Code != "invalid_request" {
@@ -434,7 +443,7 @@ func fuzzDialectParse(f *testing.F, dialect string, seeds ...string) {
 		if err != nil || len(roundTripNeutral(req).Messages) == 0 || roundTripNeutral(req).Messages[0].Role == "system" { // nothing a provider takes
 			return // not every accepted request can be sent (JSON mode toward messages, arguments that are not an object)
 		}
-		again, err := wf.parse(must(json.Marshal(enc)))
+		again, err := parseCaller(dialect, must(json.Marshal(enc)))
 		if err != nil {
 			t.Fatalf("the re-encoded request is refused: %v", err)
 		}

@@ -108,9 +108,9 @@ const (
 )
 
 // parseMessages reads a caller's Messages body; every step runs and the first refusal wins.
-func parseMessages(body []byte) (chatRequest, error) {
+func parseMessages(cr *callerRequest) (chatRequest, error) {
 	var b messagesRequestBody
-	req, err := newCallerRequest(dialectMessages, body, &b, &b.callerHead, messagesKnown)
+	req, err := newCallerRequest(cr, &b, &b.callerHead, messagesKnown)
 	if err != nil {
 		return chatRequest{}, err
 	}

@@ -82,7 +82,7 @@ func TestParseMessages(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := parseMessages([]byte(tc.body))
+			got, err := parseCaller(dialectMessages, []byte(tc.body))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -128,7 +128,7 @@ func TestParseMessagesRefuses(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := parseMessages([]byte(tc.body))
+			_, err := parseCaller(dialectMessages, []byte(tc.body))
 			wantInvalidRequest(t, err)
 			if strings.Contains(err.Error(), dialectPromptText) {
 				t.Errorf("refusal quotes the prompt: %v", err)

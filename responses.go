@@ -84,20 +84,20 @@ type (
 const responsesKnown = "model instructions input tools tool_choice parallel_tool_calls max_output_tokens temperature top_p reasoning text stream " + openAISharedNames
 
 // parseResponses reads a caller's Responses body; every step runs and the first refusal wins.
-func parseResponses(body []byte) (chatRequest, error) {
+func parseResponses(cr *callerRequest) (chatRequest, error) {
 	var b responsesRequestBody
-	req, err := newCallerRequest(dialectResponses, body, &b, &b.callerHead, responsesKnown)
+	req, err := newCallerRequest(cr, &b, &b.callerHead, responsesKnown)
 	if err != nil {
 		return chatRequest{}, err
 	}
 	for _, ref := range []string{"previous_response_id", "conversation", "prompt"} { // refused as item_reference is
-		if !rawIsNull(rawMember(body, ref)) {
+		if !rawIsNull(rawMember(cr.body.src, ref)) {
 			return chatRequest{}, refuse("invalid_request", "%s is not supported across formats: it names what only the "+
 				"provider that stored it holds; send the instructions and items themselves", ref)
 		}
 	}
-	req.dropUnknown(rawMember(body, "reasoning"), "effort")
-	req.dropUnknown(rawMember(body, "text"), "format verbosity")
+	req.dropUnknown(rawMember(cr.body.src, "reasoning"), "effort")
+	req.dropUnknown(rawMember(cr.body.src, "text"), "format verbosity")
 	req.Shared, req.ParallelToolCalls = b.openAIShared, b.ParallelToolCalls
 	req.System, req.Verbosity = b.Instructions, b.Text.Verbosity
 	switch rawShape(b.Input) {
