@@ -265,7 +265,7 @@ func (req chatRequest) openAIToolChoice(nested bool) json.RawMessage {
 }
 
 // encodeChat builds a Chat Completions body; tool results become role "tool" messages placed first, right after the assistant turn that called them.
-func encodeChat(req *chatRequest, c call, _ http.Header) (any, error) {
+func encodeChat(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 	out := chatRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream}, ParallelToolCalls: req.ParallelToolCalls,
 		ReasoningEffort: req.Effort, Verbosity: req.Verbosity, ToolChoice: req.openAIToolChoice(true), Stop: jsonArray(req.Stop),
 		openAIShared: req.Shared}
@@ -324,7 +324,7 @@ func encodeChat(req *chatRequest, c call, _ http.Header) (any, error) {
 		out.ResponseFormat = chatFormat{f.Type, valueOr(schemaOutput(f), outputFormat{})}
 		out.ResponseFormat.JSONSchema.Type = ""
 	}
-	return out, nil
+	return json.Marshal(out)
 }
 
 // chatCall is a call as Chat Completions writes it: a custom one's input, a function's arguments ("{}" for none but in

@@ -148,7 +148,7 @@ type wireFormat struct {
 	dialect, protocol string
 	path              string // the provider endpoint below the base URL
 	parse             func(cr *callerRequest) (chatRequest, error)
-	encode            func(req *chatRequest, c call, h http.Header) (any, error)                // req.Stream: whether c streams; h: its headers
+	encode            func(req *chatRequest, c call, h http.Header) ([]byte, error)             // req.Stream: whether c streams; h: its headers
 	decode            func(body []byte, r *streamReader) error                                  // a 2xx buffered body given r's caller stream
 	frames            func(s *callerStream, step streamStep, b *streamBlock, text string) error // the caller stream writer's
 }

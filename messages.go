@@ -291,7 +291,7 @@ func (req *chatRequest) messagesContent(ps []part) (json.RawMessage, error) {
 // encodeMessages builds a Messages body: claude-code's identity first, custom tools as functions (SPEC §7.6); the
 // betas it needs go in h. Thinking takes the effort's budget below max_tokens, at least 1024, and none in a tool
 // loop, where Anthropic wants back thinking blocks no format carries.
-func encodeMessages(req *chatRequest, c call, h http.Header) (any, error) {
+func encodeMessages(req *chatRequest, c call, h http.Header) ([]byte, error) {
 	out := messagesRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream},
 		MaxTokens: req.MaxTokens, StopSequences: req.Stop}
 	switch {
@@ -366,7 +366,7 @@ func encodeMessages(req *chatRequest, c call, h http.Header) (any, error) {
 	if cfg.Effort != "" {
 		h.Add("Anthropic-Beta", effortBeta)
 	}
-	return out, nil
+	return json.Marshal(out)
 }
 
 // messagesToolID is a call id as Anthropic takes it (^[a-zA-Z0-9_-]+$): another

@@ -363,18 +363,13 @@ func rawMember(raw json.RawMessage, name string) json.RawMessage {
 
 // buildUpstreamRequest is req's call c in its provider's protocol and wire details (SPEC §6.2).
 func buildUpstreamRequest(ctx context.Context, c call, req *chatRequest) (*http.Request, error) {
-	p, options := c.res.Provider, http.Header{} // options: the format's own headers a translation needs
-	f := formatOf(p.protocol)                   // never nil: TestEveryProviderHasAWireFormat
-	req.Stream = req.Stream || p.codex
+	f, options := formatOf(c.res.Provider.protocol), http.Header{} // never nil; options: the format's own headers it needs
+	req.Stream = req.Stream || c.res.Provider.codex
 	body, err := f.encode(req, c, options)
 	if err != nil {
 		return nil, err
 	}
-	b, err := json.Marshal(body)
-	if err != nil {
-		return nil, refuse("invalid_request", "the request cannot be encoded for provider %q", p.id).because(err)
-	}
-	return newProviderRequest(ctx, c, options, f.path, b, req.Stream)
+	return newProviderRequest(ctx, c, options, f.path, body, req.Stream)
 }
 
 // relayBuffered reads a committed buffered answer of c whole (a codex stream, SPEC §6.2, to its end) and writes it to w

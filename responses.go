@@ -200,7 +200,7 @@ var responsesPartMembers = map[string]string{"input_text": "type text", "output_
 	"input_image": "type image_url detail", "input_file": "type file_data file_url filename"}
 
 // encodeResponses builds a Responses body: text, images and files in message items, tool calls and results items of their own; codex gets SPEC §6.2's body.
-func encodeResponses(req *chatRequest, c call, _ http.Header) (any, error) {
+func encodeResponses(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 	codex := c.res.Provider.codex
 	out := responsesRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream}, Instructions: req.System,
 		ParallelToolCalls: req.ParallelToolCalls, MaxOutputTokens: req.MaxTokens, Reasoning: responsesOption{Effort: req.Effort},
@@ -250,7 +250,7 @@ func encodeResponses(req *chatRequest, c call, _ http.Header) (any, error) {
 		}
 	}
 	out.Tools, out.ToolChoice = jsonArray(tools), req.openAIToolChoice(false)
-	return out, nil
+	return json.Marshal(out)
 }
 
 // responsesCallTypes are a call's item type, a custom tool's or a function's; "_output" makes its result's.
