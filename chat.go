@@ -431,7 +431,7 @@ func (s *callerStream) chatChunk(u json.RawMessage, choices ...chatChoice) error
 func (r *streamReader) readChat(event string, e rawObject) (keep bool, err error) {
 	if event == "error" || !rawIsNull(e.value("error")) {
 		f, _ := errorObject(e.value("error"))
-		return false, inBandError(cmp.Or(f.code, f.typ))
+		return false, r.inBandError(cmp.Or(f.code, f.typ))
 	}
 	u, err := usageOf(r.protocol, e.value("usage"))
 	choices, ok := splitRaw(e.value("choices"), '[', r.elems[:])

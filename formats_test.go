@@ -39,7 +39,7 @@ func callPart(tc toolCall) part {
 // answerOf gathers the answer a reader of protocol gives a caller stream that writes nothing; read runs the reader.
 func answerOf(protocol string, read func(r *streamReader) error) (chatAnswer, error) {
 	s := &callerStream{frames: func(*callerStream, streamStep, *streamBlock, string) error { return nil }}
-	if err := s.translate(protocol, read); err != nil {
+	if err := s.translate(call{res: resolution{Provider: providerInfo{protocol: protocol}}}, read); err != nil {
 		return chatAnswer{}, err
 	}
 	a := chatAnswer{Finish: s.reason, Usage: s.usage}

@@ -467,7 +467,7 @@ func (r *streamReader) readMessages(typ string, e rawObject) (keep, end bool, er
 	switch typ {
 	case "error":
 		f, _ := errorObject(e.value("error"))
-		return false, false, inBandError(cmp.Or(f.typ, f.code))
+		return false, false, r.inBandError(cmp.Or(f.typ, f.code))
 	case "message_start":
 		m, ok := splitRaw(e.value("message"), '{', r.scratch[1][:])
 		if !ok {

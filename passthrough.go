@@ -386,7 +386,7 @@ func relayBuffered(w http.ResponseWriter, c call, resp *http.Response, attempts 
 	switch {
 	case err != nil:
 	case s != nil:
-		err = s.translate(p.protocol, func(r *streamReader) error {
+		err = s.translate(c, func(r *streamReader) error {
 			if p.codex {
 				return r.run(resp.Body, nil)
 			}
@@ -396,7 +396,7 @@ func relayBuffered(w http.ResponseWriter, c call, resp *http.Response, attempts 
 			body, err = json.Marshal(s.whole)
 		}
 	case p.codex:
-		r := &streamReader{protocol: p.protocol, raw: map[int][]byte{}}
+		r := &streamReader{protocol: p.protocol, secret: c.cred.bearer(), raw: map[int][]byte{}}
 		if err = r.run(resp.Body, nil); err == nil && len(r.raw) == 0 {
 			body = r.final
 		} else if err == nil { // the final response, its output the output_item.done items in output_index order
@@ -416,7 +416,7 @@ func relayBuffered(w http.ResponseWriter, c call, resp *http.Response, attempts 
 		}
 	}
 	if err != nil {
-		return u, asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts)
+		return u, asAPIError(err).withAttempts(attempts)
 	}
 	if w != nil {
 		providerFacts(w.Header(), resp.Header, s == nil)

@@ -94,26 +94,26 @@ func (s *callerStream) close() {
 	s.timer.Stop()
 }
 
-// answer reads a committed stream of protocol to its terminal signal, relayed as received (a same-format call, Brama's
+// answer reads a committed stream of c to its terminal signal, relayed as received (a same-format call, Brama's
 // own usage request dropped when dropUsage) or translated. It holds the lock but while it waits on the provider (Read).
-func (s *callerStream) answer(protocol string, body io.Reader, translate, dropUsage bool) (usage, error) {
+func (s *callerStream) answer(c call, body io.Reader, translate, dropUsage bool) (usage, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.body = body
 	if !translate {
-		s.rd = streamReader{protocol: protocol, dropUsage: dropUsage}
+		s.rd = streamReader{protocol: c.res.Provider.protocol, secret: c.cred.bearer(), dropUsage: dropUsage}
 		err := s.rd.run(s, s.write)
 		return s.rd.usage, err
 	}
-	err := s.translate(protocol, func(r *streamReader) error { return r.run(s, nil) })
+	err := s.translate(c, func(r *streamReader) error { return r.run(s, nil) })
 	return s.usage, err
 }
 
-// translate writes, start to finish, the answer read gives s's reader of protocol (translating into s).
-func (s *callerStream) translate(protocol string, read func(r *streamReader) error) error {
+// translate writes, start to finish, the answer read gives s's reader of c's protocol (translating into s).
+func (s *callerStream) translate(c call, read func(r *streamReader) error) error {
 	err := s.start()
 	if err == nil {
-		s.rd = streamReader{protocol: protocol, out: s, calls: map[int]*upstreamCall{}}
+		s.rd = streamReader{protocol: c.res.Provider.protocol, secret: c.cred.bearer(), out: s, calls: map[int]*upstreamCall{}}
 		err = read(&s.rd)
 	}
 	if err == nil {
@@ -331,6 +331,7 @@ func (s *callerStream) write(b []byte, flush bool) error {
 // tool calls given its caller stream (out). Passthrough relays the bytes and runs it for that bookkeeping only.
 type streamReader struct {
 	protocol  string
+	secret    string        // the credential in use, redacted from an in-band error's code (SPEC §8.1)
 	out       *callerStream // translation's writer (text and tool calls); nil: passthrough skips decoding them
 	dropUsage bool          // chat passthrough: Brama asked for usage itself, so the usage chunk is not relayed
 	finished  bool          // the terminal signal came (chat: every choice's finish_reason)
@@ -458,25 +459,15 @@ func (e *upstreamStreamError) Error() string { return "provider stream error " +
 // streamErrorCodes classifies in-band error codes that say "rate" (quotaCodes those that say "quota").
 var streamErrorCodes = map[string]string{"rate_limit_exceeded": refusalRate, "rate_limit_error": refusalRate, "usage_limit_reached": refusalRate}
 
-// inBandError is provider_incomplete: the caller cannot know what was billed (SPEC §6.2, §7.5).
-func inBandError(code string) *apiError {
+// inBandError is provider_incomplete: the caller cannot know what was billed (SPEC §6.2, §7.5). Its code is classified
+// before the credential is redacted from it.
+func (r *streamReader) inBandError(code string) *apiError {
 	class := streamErrorCodes[code]
 	if quotaCodes[code] {
 		class = refusalQuota
 	}
-	se := &upstreamStreamError{Code: cmp.Or(cleanQuoted(code, "", 64), "unspecified"), Class: class}
-	return (&apiError{Err: se}).redactedFor("") // writes the message
-}
-
-// redactedFor redacts the presented credential from an in-band stream error's code, which its reader
-// does not know (SPEC §8.1), and (re)writes its message; other errors are returned as they are.
-func (e *apiError) redactedFor(presented string) *apiError {
-	var se *upstreamStreamError
-	if errors.As(e.Err, &se) {
-		se.Code = redact(se.Code, presented)
-		*e = *refuse("provider_incomplete", "the provider stream failed with error %q", se.Code).because(e.Err)
-	}
-	return e
+	se := &upstreamStreamError{Code: cmp.Or(cleanQuoted(code, r.secret, 64), "unspecified"), Class: class}
+	return refuse("provider_incomplete", "the provider stream failed with error %q", se.Code).because(se)
 }
 
 // malformedAnswer refuses a 2xx body or stream event that is not the protocol's answer, never quoted.

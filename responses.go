@@ -396,7 +396,7 @@ func (r *streamReader) readResponses(typ string, e rawObject) (keep, end bool, e
 		code, _ := jsonScalar(e.value("code"))
 		f, _ := errorObject(e.value("error"))
 		failed, _ := errorObject(rawMember(e.value("response"), "error"))
-		return false, false, inBandError(cmp.Or(code, f.code, f.typ, failed.code))
+		return false, false, r.inBandError(cmp.Or(code, f.code, f.typ, failed.code))
 	case "response.completed", "response.incomplete":
 		resp, ok := splitRaw(e.value("response"), '{', r.scratch[1][:])
 		if !ok {

@@ -65,7 +65,7 @@ func readEvents(protocol string, body io.Reader, each func(streamEvent) error) (
 		}
 		return nil
 	}}
-	err := s.translate(protocol, func(r *streamReader) error { return r.run(body, nil) }) // the finish and usage follow
+	err := s.translate(call{res: resolution{Provider: providerInfo{protocol: protocol}}}, func(r *streamReader) error { return r.run(body, nil) }) // the finish and usage follow
 	if err == nil {
 		err = each(finish(s.reason))
 	}
