@@ -47,7 +47,7 @@ func answerOf(protocol string, read func(r *streamReader) error) (chatAnswer, er
 		if b.text {
 			a.Text += b.buf.String()
 		} else {
-			a.ToolCalls = append(a.ToolCalls, toolCall{ID: b.id, Name: b.flat, Arguments: b.buf.String(), Custom: b.custom})
+			a.ToolCalls = append(a.ToolCalls, toolCall{ID: b.id, Name: b.name, Arguments: b.buf.String(), Custom: b.custom})
 		}
 	}
 	return a, nil

@@ -422,34 +422,35 @@ func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string)
 	if b != nil {
 		ev.Index = &b.pos
 	}
+	m, _ := s.whole.(*messagesAnswer) // nil before stepBegin
 	switch {
 	case step == stepBegin: // input tokens go out as 0 (providers report usage at the end) and for real in message_delta, which the SDKs take over
-		s.msg = messagesAnswer{ID: newAnswerID("msg_"), Type: "message", Role: "assistant", Model: s.model,
+		m = &messagesAnswer{ID: newAnswerID("msg_"), Type: "message", Role: "assistant", Model: s.model,
 			Content: []messagesBlock{}, Usage: &messagesUsage{}}
-		ev.Message, s.whole = &s.msg, &s.msg
+		ev.Message, s.whole = m, m
 	case step == stepOpen:
 		cb := messagesBlock{Type: "text", Text: ptrTo("")}
 		if !b.text {
 			cb = messagesBlock{Type: "tool_use", ID: answerIDOr(b.id, "toolu_"), Name: b.name, Input: json.RawMessage(`{}`)}
 		}
-		s.msg.Content = append(s.msg.Content, cb)
+		m.Content = append(m.Content, cb)
 		ev.ContentBlock = &cb
 	case step == stepDelta && b.text:
 		ev.Delta = &messagesBlock{Type: "text_delta", Text: &d}
 	case step == stepDelta:
 		ev.Delta = &messagesBlock{Type: "input_json_delta", PartialJSON: &d}
 	case step == stepClose && b.text: // the kept block gets its whole text, a call its whole input
-		s.msg.Content[b.pos].Text = &d
+		m.Content[b.pos].Text = &d
 	case step == stepClose:
 		in, err := toolArguments(d)
 		if err != nil { // {} would run the tool on nothing (SPEC §17)
 			return refuse("provider_incomplete", "the provider's answer holds a tool call whose arguments are not a JSON object, which a tool_use input must be")
 		}
-		s.msg.Content[b.pos].Input = in
+		m.Content[b.pos].Input = in
 	case step == stepEnd: // message_delta and message_stop (a write error sticks: the second writes nothing)
-		s.msg.StopReason = ptrTo(cmp.Or(messagesStopReasons[s.reason], "end_turn"))
-		s.msg.Usage = &messagesUsage{InputTokens: s.usage.InputTokens, OutputTokens: s.usage.OutputTokens}
-		ev.Delta, ev.Usage = &messagesBlock{StopReason: *s.msg.StopReason, StopSequence: json.RawMessage("null")}, s.msg.Usage
+		m.StopReason = ptrTo(cmp.Or(messagesStopReasons[s.reason], "end_turn"))
+		m.Usage = &messagesUsage{InputTokens: s.usage.InputTokens, OutputTokens: s.usage.OutputTokens}
+		ev.Delta, ev.Usage = &messagesBlock{StopReason: *m.StopReason, StopSequence: json.RawMessage("null")}, m.Usage
 		return cmp.Or(s.frame(ev.Type, ev), s.frame("message_stop", messagesEvent{Type: "message_stop"}))
 	case step == stepFail:
 		ev.Error = must(json.Marshal(s.failure.body().Error))

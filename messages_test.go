@@ -304,7 +304,7 @@ func TestDecodeMessagesBlockOrder(t *testing.T) {
 	}
 	want := []messagesBlock{{Type: "text", Text: ptrTo("a")},
 		{Type: "tool_use", ID: "toolu_1", Name: "f", Input: json.RawMessage(`{"x":1}`)}, {Type: "text", Text: ptrTo("b")}}
-	if diff := cmp.Diff(want, s.msg.Content); diff != "" {
+	if diff := cmp.Diff(want, s.whole.(*messagesAnswer).Content); diff != "" {
 		t.Errorf("content mismatch (-want +got):\n%s", diff)
 	}
 }

@@ -167,14 +167,13 @@ type callerStream struct {
 	failure   *apiError    // stepFail's
 	open      *streamBlock // nil when none
 	blocks    []*streamBlock
-	// the dialect's own: chat's chunk id and creation time, responses' next sequence_number, and the message or
-	// response the last event repeats whole
+	// the dialect's own: chat's chunk id and creation time, responses' next sequence_number and the response
+	// response.completed repeats whole
 	id      string
 	created int64
 	seq     int
-	msg     messagesAnswer
 	resp    responsesObject
-	whole   any // a buffered answer's body: the message, the response, the chat.completion
+	whole   any // the message messages' events fill in, and a buffered answer's body: it, the response, the chat.completion
 }
 
 // streamBlock is one block: text, or a tool call named as the caller declared it; a custom call made as a function is wrapped, its input held to the close.
@@ -183,7 +182,7 @@ type streamBlock struct {
 	pos             int // its index among the blocks
 	index           int // the call's index among calls
 	id, name        string
-	flat            string // the name providers saw
+	namespace       string // the caller's namespace of the tool, "" for none
 	custom, wrapped bool
 	buf             strings.Builder
 }
@@ -207,9 +206,9 @@ func (s *callerStream) text(t string) error {
 // call opens the block of tool call index (0-based, in call order): its id, and its name and kind as the caller
 // declared the tool; a custom tool's call made as a function is wrapped.
 func (s *callerStream) call(index int, tc part) error {
-	b := &streamBlock{index: index, id: tc.ToolCallID, name: tc.ToolName, flat: tc.ToolName, custom: tc.Custom}
+	b := &streamBlock{index: index, id: tc.ToolCallID, name: tc.ToolName, custom: tc.Custom}
 	if t := s.req.findTool(tc.ToolName); t != nil {
-		b.name, b.custom = t.memberName(), t.Type == toolCustom
+		b.name, b.namespace, b.custom = t.memberName(), t.Namespace, t.Type == toolCustom
 	}
 	b.wrapped = b.custom && !tc.Custom
 	return s.openBlock(b)

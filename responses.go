@@ -314,13 +314,13 @@ func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string
 		s.whole = &s.resp
 		return s.emitNumbered(responsesEvent{Type: "response.created", Response: &s.resp})
 	case stepOpen:
-		it := &responsesItem{Type: "message", ID: newAnswerID("msg_"), Role: "assistant", Content: json.RawMessage("[]")}
+		it := &responsesItem{Type: "message", ID: "msg_", Role: "assistant", Content: json.RawMessage("[]")} // ID: its prefix
 		if !b.text {
-			it = &responsesItem{Type: responsesCallTypes[b.custom], ID: newAnswerID("fc_"), CallID: answerIDOr(b.id, "call_"),
-				Namespace: valueOr(s.req.findTool(b.flat), tool{}).Namespace, Name: b.name}
+			it = &responsesItem{Type: responsesCallTypes[b.custom], ID: "fc_", CallID: answerIDOr(b.id, "call_"),
+				Namespace: b.namespace, Name: b.name}
 			it.fill("")
 		}
-		it.Status, s.resp.Output = "in_progress", append(s.resp.Output, it)
+		it.ID, it.Status, s.resp.Output = newAnswerID(it.ID), "in_progress", append(s.resp.Output, it)
 		return s.emitNumbered(responsesEvent{Type: "response.output_item.added", OutputIndex: &b.pos, Item: it},
 			itemEvent(responsesEvent{Type: "response.content_part.added", Part: ptrTo(outputText(""))}, it, b))
 	case stepDelta: // an item already done (a provider interleaving calls) gets its final input updated

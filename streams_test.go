@@ -57,7 +57,7 @@ func readEvents(protocol string, body io.Reader, each func(streamEvent) error) (
 	s := &callerStream{frames: func(s *callerStream, step streamStep, b *streamBlock, d string) error {
 		switch {
 		case step == stepOpen && !b.text:
-			return each(streamEvent{Kind: eventToolCallStart, Index: b.index, ToolCall: toolCall{ID: b.id, Name: b.flat, Custom: b.custom}})
+			return each(streamEvent{Kind: eventToolCallStart, Index: b.index, ToolCall: toolCall{ID: b.id, Name: b.name, Custom: b.custom}})
 		case step == stepDelta && b.text:
 			return each(text(d))
 		case step == stepDelta:
