@@ -391,7 +391,7 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 	case step == stepFail: // the envelope of SPEC §8.1 as a final data frame
 		return s.frame("", s.failure.body())
 	case step == stepEnd:
-		finish := ptrTo(answerFinish(s.reason))
+		finish := ptrTo(cmp.Or(s.reason, finishStop))
 		var u json.RawMessage // left out, not zeros, when unreported
 		if s.usage.Reported {
 			u = must(json.Marshal(chatUsage{s.usage.InputTokens, s.usage.OutputTokens, s.usage.InputTokens + s.usage.OutputTokens}))

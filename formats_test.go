@@ -61,7 +61,7 @@ func decodeUpstreamAnswer(protocol string, body []byte) (chatAnswer, error) {
 // renderAnswer is a as dialect's buffered body, written through the dialect's frames as readAnswer writes a provider's.
 func renderAnswer(dialect string, req chatRequest, a chatAnswer) ([]byte, error) {
 	s := &callerStream{w: io.Discard, frames: formatOf(dialect).frames, req: req, model: a.Model}
-	err := s.start()
+	err := s.frames(s, stepBegin, nil, "")
 	if err == nil {
 		err = s.text(a.Text)
 	}
@@ -196,7 +196,7 @@ func runCallerStream(t *testing.T, dialect string, events []streamEvent) (string
 	var buf bytes.Buffer
 	flushes := 0
 	s := newCallerStream(dialect, chatRequest{StreamUsage: true}, &buf, func() { flushes++ }, "m")
-	if err := s.start(); err != nil {
+	if err := s.frames(s, stepBegin, nil, ""); err != nil {
 		t.Fatal(err)
 	}
 	for _, ev := range events {
@@ -298,7 +298,7 @@ func TestStreamFail(t *testing.T) {
 			var buf bytes.Buffer
 			flushes := 0
 			s := newCallerStream(tc.dialect, chatRequest{}, &buf, func() { flushes++ }, "m")
-			s.start()
+			s.frames(s, stepBegin, nil, "")
 			feed(s, streamEvent{Kind: eventText, Text: "partial"})
 			feed(s, streamEvent{Kind: eventToolCallStart, ToolCall: toolCall{ID: "c", Name: "f"}})
 			feed(s, streamEvent{Kind: eventFinish, Finish: finishStop})
@@ -351,7 +351,7 @@ func TestStreamKeepAliveAndErrors(t *testing.T) {
 
 			w := &dialectBrokenWriter{}
 			s = newCallerStream(d, chatRequest{}, w, nil, "m")
-			if err := s.start(); !errors.Is(err, errDialectBrokenPipe) {
+			if err := s.frames(s, stepBegin, nil, ""); !errors.Is(err, errDialectBrokenPipe) {
 				t.Fatalf("start on a broken writer = %v", err)
 			}
 			if err := feed(s, streamEvent{Kind: eventText, Text: "x"}); !errors.Is(err, errDialectBrokenPipe) || w.writes != 1 {

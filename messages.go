@@ -408,7 +408,7 @@ func decodeMessages(body []byte, rd *streamReader) error {
 		}
 	}
 	u, _ := usageOf(protoAnthropic, rawMember(body, "usage"))
-	return rd.out.tail(0, nil, answerFinish(messagesFinishes[valueOr(r.StopReason, "")]), u)
+	return rd.out.tail(0, nil, cmp.Or(messagesFinishes[valueOr(r.StopReason, "")], finishStop), u)
 }
 
 // messagesSteps names each step's event.

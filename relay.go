@@ -37,8 +37,6 @@ func newAnswerID(prefix string) string { return prefix + rand.Text() }
 
 func answerIDOr(id, prefix string) string { return cmp.Or(id, newAnswerID(prefix)) }
 
-func answerFinish(f string) string { return cmp.Or(f, finishStop) }
-
 // writeAnswer writes a 200 answer with its attempts: a buffered body, or a stream's head.
 func writeAnswer(w http.ResponseWriter, contentType string, attempts int, body []byte) {
 	w.Header().Set("Content-Type", contentType)
@@ -111,7 +109,7 @@ func (s *callerStream) answer(c call, body io.Reader, translate, dropUsage bool)
 
 // translate writes, start to finish, the answer read gives s's reader of c's protocol (translating into s).
 func (s *callerStream) translate(c call, read func(r *streamReader) error) error {
-	err := s.start()
+	err := s.frames(s, stepBegin, nil, "")
 	if err == nil {
 		s.rd = streamReader{protocol: c.res.Provider.protocol, secret: c.cred.bearer(), out: s, calls: map[int]*upstreamCall{}}
 		err = read(&s.rd)
@@ -186,8 +184,6 @@ type streamBlock struct {
 	custom, wrapped bool
 	buf             strings.Builder
 }
-
-func (s *callerStream) start() error { return s.frames(s, stepBegin, nil, "") }
 
 // text writes the next piece of the answer's text, in the open text block or a new one.
 func (s *callerStream) text(t string) error {
