@@ -96,9 +96,6 @@ var chatNested = map[string]string{"text": "", "image_url": "url detail", "file"
 func parseChatCompletions(cr *callerRequest) (chatRequest, error) {
 	var b chatRequestBody
 	req, err := newCallerRequest(cr, &b, &b.callerHead, chatKnown)
-	if err != nil {
-		return chatRequest{}, err
-	}
 	req.Shared, req.ParallelToolCalls, req.Verbosity = b.openAIShared, b.ParallelToolCalls, b.Verbosity
 	if req.Effort = b.ReasoningEffort; req.Effort != "" {
 		req.EffortName = "reasoning_effort"
@@ -107,7 +104,7 @@ func parseChatCompletions(cr *callerRequest) (chatRequest, error) {
 		b.Stop = slices.Concat([]byte("["), b.Stop, []byte("]"))
 	}
 	b.ResponseFormat.JSONSchema.Type = b.ResponseFormat.Type // "" when none
-	err = cmp.Or(readList(b.Messages, "messages", req.addChatMessage),
+	err = cmp.Or(err, readList(b.Messages, "messages", req.addChatMessage),
 		readList(b.Tools, "tools", func(t chatToolCall, raw json.RawMessage, what string) error { // as Responses' flat tool
 			if t.Type != toolFunction && t.Type != toolCustom { // another type is dropped and named
 				req.drop(true, cmp.Or(t.Type, "tools"))

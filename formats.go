@@ -250,15 +250,13 @@ type callerHead struct {
 }
 
 // newCallerRequest starts the neutral request from cr's head (readCallerRequest: model, stream, the output limit),
-// decodes its body into b (embedding h), and names the unknown members.
+// decodes its body into b (embedding h), and names the unknown members; on a refusal, b holds what did decode.
 func newCallerRequest(cr *callerRequest, b any, h *callerHead, known string) (chatRequest, error) {
-	if err := decodeCallerJSON(cr.body.src, b, ""); err != nil {
-		return chatRequest{}, err
-	}
+	err := decodeCallerJSON(cr.body.src, b, "")
 	req := cr.head
 	req.Temperature, req.TopP = h.Temperature, h.TopP
 	req.dropUnknown(cr.body.src, known)
-	return req, nil
+	return req, err
 }
 
 // readList reads the caller's array raw at path what: each element decoded into a T, then given with its

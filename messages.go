@@ -111,11 +111,8 @@ const (
 func parseMessages(cr *callerRequest) (chatRequest, error) {
 	var b messagesRequestBody
 	req, err := newCallerRequest(cr, &b, &b.callerHead, messagesKnown)
-	if err != nil {
-		return chatRequest{}, err
-	}
 	if !rawIsNull(b.System) {
-		err = req.addSystemOf(b.System, "system", "text")
+		err = cmp.Or(err, req.addSystemOf(b.System, "system", "text"))
 	}
 	err = cmp.Or(err, readList(b.Messages, "messages", req.addMessagesTurn), readList(b.Tools, "tools", req.addMessagesTool))
 	if tc := b.ToolChoice; tc != nil {
