@@ -312,7 +312,7 @@ func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string
 		s.resp = responsesObject{ID: newAnswerID("resp_"), Object: "response", CreatedAt: time.Now().Unix(), Model: s.model,
 			Status: "in_progress", Output: []*responsesItem{}}
 		s.whole = &s.resp
-		return s.emitNumbered(responsesEvent{Type: "response.created", Response: &s.resp})
+		return s.emit(nil, responsesEvent{Type: "response.created", Response: &s.resp})
 	case stepOpen:
 		it := &responsesItem{Type: "message", ID: "msg_", Role: "assistant", Content: json.RawMessage("[]")} // ID: its prefix
 		if !b.text {
@@ -321,24 +321,24 @@ func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string
 			it.fill("")
 		}
 		it.ID, it.Status, s.resp.Output = newAnswerID(it.ID), "in_progress", append(s.resp.Output, it)
-		return s.emitNumbered(responsesEvent{Type: "response.output_item.added", OutputIndex: &b.pos, Item: it},
-			itemEvent(responsesEvent{Type: "response.content_part.added", Part: ptrTo(outputText(""))}, it, b))
+		return s.emit(b, responsesEvent{Type: "response.output_item.added", Item: it},
+			responsesEvent{Type: "response.content_part.added", Part: ptrTo(outputText(""))})
 	case stepDelta: // an item already done (a provider interleaving calls) gets its final input updated
 		it := s.resp.Output[b.pos]
 		if it.Status == "completed" {
 			it.fill(b.buf.String())
 		}
-		return s.emitNumbered(itemEvent(responsesEvent{Type: responsesEvents[it.Type][0], Delta: &d}, it, b))
+		return s.emit(b, responsesEvent{Type: responsesEvents[it.Type][0], Delta: &d})
 	case stepClose: // its text's (and its part's) or its call's done events, then the item's
 		it := s.resp.Output[b.pos]
 		it.Status = "completed"
 		it.fill(d)
-		done := itemEvent(responsesEvent{Type: responsesEvents[it.Type][1], Arguments: it.Arguments, Input: it.Input}, it, b)
+		done := responsesEvent{Type: responsesEvents[it.Type][1], Arguments: it.Arguments, Input: it.Input}
 		if b.text {
 			done.Text = &d
 		}
-		return s.emitNumbered(done, itemEvent(responsesEvent{Type: "response.content_part.done", Part: ptrTo(outputText(d))}, it, b),
-			responsesEvent{Type: "response.output_item.done", OutputIndex: &b.pos, Item: it})
+		return s.emit(b, done, responsesEvent{Type: "response.content_part.done", Part: ptrTo(outputText(d))},
+			responsesEvent{Type: "response.output_item.done", Item: it})
 	case stepEnd: // "incomplete" with a reason as OpenAI reports it (SPEC §7.5): SDK stream helpers wait for this event
 		s.resp.Status = "completed"
 		for reason, finish := range responsesFinishes {
@@ -351,30 +351,27 @@ func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string
 				"output_tokens": u.OutputTokens, "output_tokens_details": map[string]int{"reasoning_tokens": 0},
 				"total_tokens": u.InputTokens + u.OutputTokens}
 		}
-		return s.emitNumbered(responsesEvent{Type: "response.completed", Response: &s.resp})
+		return s.emit(nil, responsesEvent{Type: "response.completed", Response: &s.resp})
 	}
 	e := s.failure.body().Error // stepFail
 	s.resp.Status, s.resp.Error = "failed", map[string]string{"code": e.Code, "message": e.Message}
-	return s.emitNumbered(responsesEvent{Type: "response.failed", Response: &s.resp})
+	return s.emit(nil, responsesEvent{Type: "response.failed", Response: &s.resp})
 }
 
-// itemEvent is ev, an event of block b's item it, at its one content part for a message; a content part's event a
-// call has none of (emitNumbered skips it).
-func itemEvent(ev responsesEvent, it *responsesItem, b *streamBlock) responsesEvent {
-	if ev.Part != nil && !b.text {
-		return responsesEvent{}
-	}
-	ev.ItemID, ev.OutputIndex = it.ID, &b.pos
-	if b.text {
-		ev.ContentIndex = ptrTo(0)
-	}
-	return ev
-}
-
-// emitNumbered writes Responses events, numbered in order; an untyped one is none.
-func (s *callerStream) emitNumbered(evs ...responsesEvent) (err error) {
+// emit writes Responses events numbered in order, those of block b's output item at its index: within the item (but
+// the item's own events) naming it, a message's at its one content part; a call has no part, so no part events.
+func (s *callerStream) emit(b *streamBlock, evs ...responsesEvent) (err error) {
 	for _, ev := range evs {
-		if ev.Type != "" && err == nil {
+		if b != nil {
+			ev.OutputIndex = &b.pos
+		}
+		if b != nil && ev.Item == nil {
+			ev.ItemID = s.resp.Output[b.pos].ID
+		}
+		if b != nil && ev.Item == nil && b.text {
+			ev.ContentIndex = ptrTo(0)
+		}
+		if err == nil && (ev.Part == nil || b.text) {
 			ev.SequenceNumber, s.seq = s.seq, s.seq+1
 			err = s.frame(ev.Type, ev)
 		}
