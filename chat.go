@@ -388,10 +388,10 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 	case step == stepFail: // the envelope of SPEC §8.1 as a final data frame
 		return s.frame("", s.failure.body())
 	case step == stepEnd:
-		finish := ptrTo(cmp.Or(s.reason, finishStop))
+		finish := ptrTo(cmp.Or(s.rd.finish, finishStop))
 		var u json.RawMessage // left out, not zeros, when unreported
-		if s.usage.Reported {
-			u = must(json.Marshal(chatUsage{s.usage.InputTokens, s.usage.OutputTokens, s.usage.InputTokens + s.usage.OutputTokens}))
+		if n := s.rd.usage; n.Reported {
+			u = must(json.Marshal(chatUsage{n.InputTokens, n.OutputTokens, n.InputTokens + n.OutputTokens}))
 		}
 		if s.flush == nil { // a buffered answer: content null beside only tool calls, as OpenAI sends it
 			text, m := "", chatMessage{Role: "assistant"}

@@ -42,7 +42,7 @@ func answerOf(protocol string, read func(r *streamReader) error) (chatAnswer, er
 	if err := s.translate(call{res: resolution{Provider: providerInfo{protocol: protocol}}}, read); err != nil {
 		return chatAnswer{}, err
 	}
-	a := chatAnswer{Finish: s.reason, Usage: s.usage}
+	a := chatAnswer{Finish: s.rd.finish, Usage: s.rd.usage}
 	for _, b := range s.blocks {
 		if b.text {
 			a.Text += b.buf.String()
@@ -70,7 +70,8 @@ func renderAnswer(dialect string, req chatRequest, a chatAnswer) ([]byte, error)
 		for _, tc := range a.ToolCalls {
 			calls = append(calls, callPart(tc))
 		}
-		err = s.tail(0, calls, a.Finish, a.Usage)
+		s.rd.finish, s.rd.usage = a.Finish, a.Usage
+		err = s.tail(0, calls)
 	}
 	if err == nil {
 		err = s.finish(nil)

@@ -404,8 +404,9 @@ func decodeMessages(body []byte, rd *streamReader) error {
 			return err
 		}
 	}
-	u, _ := usageOf(protoAnthropic, rawMember(body, "usage"))
-	return rd.out.tail(0, nil, cmp.Or(messagesFinishes[valueOr(r.StopReason, "")], finishStop), u)
+	rd.usage, _ = usageOf(protoAnthropic, rawMember(body, "usage"))
+	rd.finish = cmp.Or(messagesFinishes[valueOr(r.StopReason, "")], finishStop)
+	return rd.ended()
 }
 
 // messagesSteps names each step's event.
@@ -445,8 +446,8 @@ func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string)
 		}
 		m.Content[b.pos].Input = in
 	case step == stepEnd: // message_delta and message_stop (a write error sticks: the second writes nothing)
-		m.StopReason = ptrTo(cmp.Or(messagesStopReasons[s.reason], "end_turn"))
-		m.Usage = &messagesUsage{InputTokens: s.usage.InputTokens, OutputTokens: s.usage.OutputTokens}
+		m.StopReason = ptrTo(cmp.Or(messagesStopReasons[s.rd.finish], "end_turn"))
+		m.Usage = &messagesUsage{InputTokens: s.rd.usage.InputTokens, OutputTokens: s.rd.usage.OutputTokens}
 		ev.Delta, ev.Usage = &messagesBlock{StopReason: *m.StopReason, StopSequence: json.RawMessage("null")}, m.Usage
 		return cmp.Or(s.frame(ev.Type, ev), s.frame("message_stop", messagesEvent{Type: "message_stop"}))
 	case step == stepFail:
@@ -471,9 +472,7 @@ func (r *streamReader) readMessages(typ string, e rawObject) (keep, end bool, er
 		if !ok {
 			return false, false, eventWithout(protoAnthropic, typ, "message")
 		}
-		if r.usage, err = usageOf(r.protocol, m.value("usage")); err == nil && r.out != nil && r.usage.Reported {
-			r.out.usage = r.usage // a stream cut later still records it
-		}
+		r.usage, err = usageOf(r.protocol, m.value("usage")) // a stream cut later still records it
 	case "message_delta":
 		var d messagesBlock
 		err = r.decode(e, "delta", &d)

@@ -392,7 +392,7 @@ func relayBuffered(w http.ResponseWriter, c call, resp *http.Response, attempts 
 			}
 			return formatOf(p.protocol).decode(body, r)
 		})
-		if u = s.usage; err == nil {
+		if u = s.rd.usage; err == nil {
 			body, err = json.Marshal(s.whole)
 		}
 	case p.codex:

@@ -104,7 +104,7 @@ func (s *callerStream) answer(c call, body io.Reader, translate, dropUsage bool)
 		return s.rd.usage, err
 	}
 	err := s.translate(c, func(r *streamReader) error { return r.run(s, nil) })
-	return s.usage, err
+	return s.rd.usage, err
 }
 
 // translate writes, start to finish, the answer read gives s's reader of c's protocol (translating into s).
@@ -159,9 +159,7 @@ type callerStream struct {
 	frames    func(s *callerStream, step streamStep, b *streamBlock, text string) error
 	req       chatRequest
 	model     string
-	done      bool   // finish or close ran
-	reason    string // the tail: finish and usage arrive in either order, usage maybe never
-	usage     usage
+	done      bool // finish or close ran
 	failure   *apiError    // stepFail's
 	open      *streamBlock // nil when none
 	blocks    []*streamBlock
@@ -224,12 +222,9 @@ func (s *callerStream) args(index int, piece string) error {
 	return s.frames(s, stepDelta, b, piece)
 }
 
-// tail takes the provider's terminal signal (SPEC §7.5): whole calls it held back (their indexes from first
-// on), its finish, and its usage when reported.
-func (s *callerStream) tail(first int, calls []part, finish string, u usage) (err error) {
-	if s.reason = finish; u.Reported { // recorded even when a block is refused: the provider answered
-		s.usage = u
-	}
+// tail takes the provider's terminal signal (SPEC §7.5; its finish and usage are s.rd's): whole calls it held back,
+// their indexes from first on.
+func (s *callerStream) tail(first int, calls []part) (err error) {
 	for i := 0; err == nil && i < len(calls); i++ {
 		if err = s.call(first+i, calls[i]); err == nil {
 			err = s.args(first+i, calls[i].Arguments)
@@ -442,7 +437,7 @@ func (r *streamReader) ended() error {
 	if r.refusal {
 		r.finish = finishContentFilter
 	}
-	return r.out.tail(1, r.held, r.finish, r.usage)
+	return r.out.tail(1, r.held)
 }
 
 // upstreamStreamError is an in-band error's cause: its redacted code, and the refusalRate or refusalQuota class the

@@ -342,11 +342,11 @@ func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string
 	case stepEnd: // "incomplete" with a reason as OpenAI reports it (SPEC §7.5): SDK stream helpers wait for this event
 		s.resp.Status = "completed"
 		for reason, finish := range responsesFinishes {
-			if finish == s.reason {
+			if finish == s.rd.finish {
 				s.resp.Status, s.resp.IncompleteDetails = "incomplete", map[string]string{"reason": reason}
 			}
 		}
-		if u := s.usage; u.Reported { // else null; the details always go: strict clients require them, Brama counts neither
+		if u := s.rd.usage; u.Reported { // else null; the details always go: strict clients require them, Brama counts neither
 			s.resp.Usage = map[string]any{"input_tokens": u.InputTokens, "input_tokens_details": map[string]int{"cached_tokens": 0},
 				"output_tokens": u.OutputTokens, "output_tokens_details": map[string]int{"reasoning_tokens": 0},
 				"total_tokens": u.InputTokens + u.OutputTokens}
