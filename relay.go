@@ -159,7 +159,7 @@ type callerStream struct {
 	frames    func(s *callerStream, step streamStep, b *streamBlock, text string) error
 	req       chatRequest
 	model     string
-	done      bool // finish or close ran
+	done      bool         // finish or close ran
 	failure   *apiError    // stepFail's
 	open      *streamBlock // nil when none
 	blocks    []*streamBlock
