@@ -114,7 +114,26 @@ func parseMessages(cr *callerRequest) (chatRequest, error) {
 	if !rawIsNull(b.System) {
 		err = cmp.Or(err, req.addSystemOf(b.System, "system", "text"))
 	}
-	err = cmp.Or(err, readList(b.Messages, "messages", req.addMessagesTurn), readList(b.Tools, "tools", req.addMessagesTool))
+	err = cmp.Or(err, readList(b.Messages, "messages", func(m messagesTurn, _ json.RawMessage, what string) error {
+		switch m.Role {
+		case "system":
+			return req.addSystemOf(m.Content, what+".content", "text")
+		case "user", "assistant":
+			parts, err := req.messagesParts(m.Role, m.Content, what+".content")
+			req.Messages = append(req.Messages, message{Role: m.Role, Parts: parts})
+			return err
+		}
+		return refuse("invalid_request", "%s.role %s is not user, assistant or system", what, quoteCallerToken(m.Role))
+	}), readList(b.Tools, "tools", func(t messagesTool, raw json.RawMessage, what string) error {
+		if t.Type != "" && t.Type != toolCustom { // a server tool (web_search_…, bash_…, …): dropped and named
+			req.drop(true, t.Type)
+			return nil
+		}
+		req.dropUnknown(raw, "type name description input_schema strict")
+		schema, err := checkSchema(t.InputSchema, what+".input_schema")
+		t.Type, t.Parameters = toolFunction, schema
+		return cmp.Or(err, req.addOpenAITool(t.tool, nil, what))
+	}))
 	if tc := b.ToolChoice; tc != nil {
 		req.ToolChoice = &toolChoice{Mode: messagesChoices[tc.Type], Name: tc.Name}
 		if req.ToolChoice.Mode == "" || req.ToolChoice.Mode == toolChoiceTool && tc.Name == "" {
@@ -141,30 +160,6 @@ func parseMessages(cr *callerRequest) (chatRequest, error) {
 		err = cmp.Or(err, req.setOutput(&outputFormat{Type: f.Type, Schema: f.Schema}, "output_config.format"))
 	}
 	return req.finishParse(err, "messages must hold at least one user or assistant turn")
-}
-
-func (req *chatRequest) addMessagesTurn(m messagesTurn, _ json.RawMessage, what string) error {
-	switch m.Role {
-	case "system":
-		return req.addSystemOf(m.Content, what+".content", "text")
-	case "user", "assistant":
-		parts, err := req.messagesParts(m.Role, m.Content, what+".content")
-		req.Messages = append(req.Messages, message{Role: m.Role, Parts: parts})
-		return err
-	}
-	return refuse("invalid_request", "%s.role %s is not user, assistant or system", what, quoteCallerToken(m.Role))
-}
-
-// addMessagesTool adds a client tool, naming raw's unknown members; a server tool (web_search_…, bash_…, …) is dropped and named.
-func (req *chatRequest) addMessagesTool(t messagesTool, raw json.RawMessage, what string) error {
-	if t.Type != "" && t.Type != toolCustom {
-		req.drop(true, t.Type)
-		return nil
-	}
-	req.dropUnknown(raw, "type name description input_schema strict")
-	schema, err := checkSchema(t.InputSchema, what+".input_schema")
-	t.Type, t.Parameters = toolFunction, schema
-	return cmp.Or(err, req.addOpenAITool(t.tool, nil, what))
 }
 
 // messagesBlockMembers names the members Brama carries of each block type it reads; is_error is named dropped
