@@ -71,7 +71,7 @@ func renderAnswer(dialect string, req chatRequest, a chatAnswer) ([]byte, error)
 			calls = append(calls, callPart(tc))
 		}
 		s.rd.finish, s.rd.usage = a.Finish, a.Usage
-		err = s.tail(0, calls)
+		err = s.tail(calls)
 	}
 	if err == nil {
 		err = s.finish(nil)

@@ -222,12 +222,12 @@ func (s *callerStream) args(index int, piece string) error {
 	return s.frames(s, stepDelta, b, piece)
 }
 
-// tail takes the provider's terminal signal (SPEC §7.5; its finish and usage are s.rd's): whole calls it held back,
-// their indexes from first on.
-func (s *callerStream) tail(first int, calls []part) (err error) {
-	for i := 0; err == nil && i < len(calls); i++ {
-		if err = s.call(first+i, calls[i]); err == nil {
-			err = s.args(first+i, calls[i].Arguments)
+// tail takes the provider's terminal signal (SPEC §7.5; its finish and usage are s.rd's): the whole calls chat's
+// reader held back, those after the first (indexes from 1).
+func (s *callerStream) tail(held []part) (err error) {
+	for i := 0; err == nil && i < len(held); i++ {
+		if err = s.call(i+1, held[i]); err == nil {
+			err = s.args(i+1, held[i].Arguments)
 		}
 	}
 	if err == nil {
@@ -437,7 +437,7 @@ func (r *streamReader) ended() error {
 	if r.refusal {
 		r.finish = finishContentFilter
 	}
-	return r.out.tail(1, r.held)
+	return r.out.tail(r.held)
 }
 
 // upstreamStreamError is an in-band error's cause: its redacted code, and the refusalRate or refusalQuota class the
