@@ -364,13 +364,11 @@ func (r *streamReader) run(body io.Reader, relay func(block []byte, flush bool) 
 		switch {
 		case err != nil && !r.finished:
 			return streamCut(err)
-		case err != nil && r.protocol == protoOpenAIChat && !r.sawDone:
+		case err != nil: // only chat is finished before its end ([DONE]): it gets one
 			if err := r.ended(); err != nil || relay == nil {
 				return err
 			}
 			return relay([]byte("data: [DONE]\n\n"), false)
-		case err != nil:
-			return nil
 		}
 		keep, end, err := r.read(event, data)
 		if !keep {
