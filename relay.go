@@ -285,20 +285,16 @@ func (s *callerStream) finish(failure *apiError) error {
 	return s.frames(s, stepEnd, nil, "")
 }
 
-// frame writes one event: "event: <name>\n" when name is set, then the data. A buffered answer's frames (no
-// writer: relayBuffered) are discarded unmarshalled: only the body they keep counts.
+// frame writes one event: "event: <name>\n" when name is set, then the data (Brama's own types, whose raw members it
+// built valid). A buffered answer's frames (no writer: relayBuffered) are discarded unmarshalled: only the body they keep counts.
 func (s *callerStream) frame(name string, v any) error {
 	if s.w == nil {
 		return nil
 	}
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
 	if name != "" {
 		name = "event: " + name + "\n"
 	}
-	return s.write(slices.Concat([]byte(name+"data: "), b, []byte("\n\n")), true)
+	return s.write(slices.Concat([]byte(name+"data: "), must(json.Marshal(v)), []byte("\n\n")), true)
 }
 
 // write writes b and, when flush is set, flushes what is unflushed (SPEC §7.5), which restarts the silence timer; a
