@@ -328,9 +328,8 @@ type streamReader struct {
 	// index, messages' content block index, responses' output_index), and the tool calls started
 	calls  map[int]*upstreamCall
 	ncalls int
-	// chat: the choice indexes seen and finished (n ≤ 128), data: [DONE], the calls after the first, held to the end
+	// chat: the choice indexes seen and finished (n ≤ 128), the calls after the first, held to the end
 	choices [2][2]uint64
-	sawDone bool
 	held    []part
 	// a buffered codex caller (non-nil raw): output_item.done items by output_index, the final response
 	raw     map[int][]byte
@@ -389,7 +388,6 @@ func (r *streamReader) read(event string, data []byte) (keep, end bool, err erro
 		if !r.finished {
 			return false, false, streamCut(io.EOF)
 		}
-		r.sawDone = true
 		return true, true, r.ended()
 	}
 	e, ok := rawObject{}, json.Valid(data)
