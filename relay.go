@@ -84,11 +84,9 @@ func (s *callerStream) do(f func()) {
 	}
 }
 
-// close stops the timer: nothing more is written.
+// close stops the timer: nothing more is written (a run of it already waiting on the lock finds the stream done).
 func (s *callerStream) close() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.done = true
+	s.do(func() { s.done = true })
 	s.timer.Stop()
 }
 
