@@ -358,6 +358,8 @@ func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string
 	return s.emit(nil, responsesEvent{Type: "response.failed", Response: &s.resp})
 }
 
+var onePart = 0 // a message item's one content_index, shared by every event (never written)
+
 // emit writes Responses events numbered in order, those of block b's output item at its index: within the item (but
 // the item's own events) naming it, a message's at its one content part; a call has no part, so no part events.
 func (s *callerStream) emit(b *streamBlock, evs ...responsesEvent) (err error) {
@@ -366,10 +368,7 @@ func (s *callerStream) emit(b *streamBlock, evs ...responsesEvent) (err error) {
 			ev.OutputIndex = &b.pos
 		}
 		if b != nil && ev.Item == nil {
-			ev.ItemID = s.resp.Output[b.pos].ID
-		}
-		if b != nil && ev.Item == nil && b.text {
-			ev.ContentIndex = ptrTo(0)
+			ev.ItemID, ev.ContentIndex = s.resp.Output[b.pos].ID, ifSet(&onePart, b.text)
 		}
 		if err == nil && (ev.Part == nil || b.text) {
 			ev.SequenceNumber, s.seq = s.seq, s.seq+1
