@@ -168,9 +168,11 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 			})
 	}
 	parts = slices.DeleteFunc(parts, func(p part) bool { return p.Type == partText && p.Text == "" && len(m.ToolCalls) > 0 })
-	for i, tc := range m.ToolCalls {
+	for i, tc := range m.ToolCalls { // an assistant's only, as tool_use is in messages
 		c, ok := tc.call(tc.Type == toolCustom) // a custom call reads no function, nor a function call custom
-		if !ok {
+		if m.Role != "assistant" {
+			return refuse("invalid_request", "%s.tool_calls is allowed only in an assistant message", what)
+		} else if !ok {
 			return refuse("invalid_request", "%s.tool_calls[%d] must be a function or custom call with an id and a name", what, i)
 		}
 		parts = append(parts, c)
