@@ -52,8 +52,8 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 			sa := openStreamAnswer(w, req.dialect, tr, model, attempts, cmp.Or(e.keepAlive, keepAliveEvery))
 			defer sa.close()
 			var err error
-			if u, err = sa.answer(p.protocol, resp.Body, !pass, req.addsUsage(p)); err != nil {
-				failure = asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts) // a hang-up's is settle's
+			if u, err = sa.answer(c, resp.Body, !pass, req.addsUsage(p)); err != nil {
+				failure = asAPIError(err).withAttempts(attempts) // a hang-up's is settle's
 				if e.t.remember != nil {
 					e.t.remember(failure, attempts, ctx.Err() != nil, true) // before the caller can read it and fall back
 				}

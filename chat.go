@@ -93,12 +93,9 @@ var chatNested = map[string]string{"text": "", "image_url": "url detail", "file"
 	"function": "name description parameters strict", "custom": "name description format"}
 
 // parseChatCompletions parses a caller's body; every step runs and the first refusal wins.
-func parseChatCompletions(body []byte) (chatRequest, error) {
+func parseChatCompletions(cr *callerRequest) (chatRequest, error) {
 	var b chatRequestBody
-	req, err := newCallerRequest(dialectChat, body, &b, &b.callerHead, chatKnown)
-	if err != nil {
-		return chatRequest{}, err
-	}
+	req, err := newCallerRequest(cr, &b, &b.callerHead, chatKnown)
 	req.Shared, req.ParallelToolCalls, req.Verbosity = b.openAIShared, b.ParallelToolCalls, b.Verbosity
 	if req.Effort = b.ReasoningEffort; req.Effort != "" {
 		req.EffortName = "reasoning_effort"
@@ -107,7 +104,7 @@ func parseChatCompletions(body []byte) (chatRequest, error) {
 		b.Stop = slices.Concat([]byte("["), b.Stop, []byte("]"))
 	}
 	b.ResponseFormat.JSONSchema.Type = b.ResponseFormat.Type // "" when none
-	err = cmp.Or(readList(b.Messages, "messages", req.addChatMessage),
+	err = cmp.Or(err, readList(b.Messages, "messages", req.addChatMessage),
 		readList(b.Tools, "tools", func(t chatToolCall, raw json.RawMessage, what string) error { // as Responses' flat tool
 			if t.Type != toolFunction && t.Type != toolCustom { // another type is dropped and named
 				req.drop(true, cmp.Or(t.Type, "tools"))
@@ -171,9 +168,11 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 			})
 	}
 	parts = slices.DeleteFunc(parts, func(p part) bool { return p.Type == partText && p.Text == "" && len(m.ToolCalls) > 0 })
-	for i, tc := range m.ToolCalls {
+	for i, tc := range m.ToolCalls { // an assistant's only, as tool_use is in messages
 		c, ok := tc.call(tc.Type == toolCustom) // a custom call reads no function, nor a function call custom
-		if !ok {
+		if m.Role != "assistant" {
+			return refuse("invalid_request", "%s.tool_calls is allowed only in an assistant message", what)
+		} else if !ok {
 			return refuse("invalid_request", "%s.tool_calls[%d] must be a function or custom call with an id and a name", what, i)
 		}
 		parts = append(parts, c)
@@ -265,7 +264,7 @@ func (req chatRequest) openAIToolChoice(nested bool) json.RawMessage {
 }
 
 // encodeChat builds a Chat Completions body; tool results become role "tool" messages placed first, right after the assistant turn that called them.
-func encodeChat(req *chatRequest, c call, _ http.Header) (any, error) {
+func encodeChat(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 	out := chatRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream}, ParallelToolCalls: req.ParallelToolCalls,
 		ReasoningEffort: req.Effort, Verbosity: req.Verbosity, ToolChoice: req.openAIToolChoice(true), Stop: jsonArray(req.Stop),
 		openAIShared: req.Shared}
@@ -324,7 +323,7 @@ func encodeChat(req *chatRequest, c call, _ http.Header) (any, error) {
 		out.ResponseFormat = chatFormat{f.Type, valueOr(schemaOutput(f), outputFormat{})}
 		out.ResponseFormat.JSONSchema.Type = ""
 	}
-	return out, nil
+	return json.Marshal(out)
 }
 
 // chatCall is a call as Chat Completions writes it: a custom one's input, a function's arguments ("{}" for none but in
@@ -391,10 +390,10 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 	case step == stepFail: // the envelope of SPEC §8.1 as a final data frame
 		return s.frame("", s.failure.body())
 	case step == stepEnd:
-		finish := ptrTo(answerFinish(s.reason))
+		finish := ptrTo(cmp.Or(s.rd.finish, finishStop))
 		var u json.RawMessage // left out, not zeros, when unreported
-		if s.usage.Reported {
-			u = must(json.Marshal(chatUsage{s.usage.InputTokens, s.usage.OutputTokens, s.usage.InputTokens + s.usage.OutputTokens}))
+		if n := s.rd.usage; n.Reported {
+			u = must(json.Marshal(chatUsage{n.InputTokens, n.OutputTokens, n.InputTokens + n.OutputTokens}))
 		}
 		if s.flush == nil { // a buffered answer: content null beside only tool calls, as OpenAI sends it
 			text, m := "", chatMessage{Role: "assistant"}
@@ -431,7 +430,7 @@ func (s *callerStream) chatChunk(u json.RawMessage, choices ...chatChoice) error
 func (r *streamReader) readChat(event string, e rawObject) (keep bool, err error) {
 	if event == "error" || !rawIsNull(e.value("error")) {
 		f, _ := errorObject(e.value("error"))
-		return false, inBandError(cmp.Or(f.code, f.typ))
+		return false, r.inBandError(cmp.Or(f.code, f.typ))
 	}
 	u, err := usageOf(r.protocol, e.value("usage"))
 	choices, ok := splitRaw(e.value("choices"), '[', r.elems[:])

@@ -114,7 +114,7 @@ func TestParseChatCompletions(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := parseChatCompletions([]byte(tc.body))
+			got, err := parseCaller(dialectChat, []byte(tc.body))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -153,6 +153,7 @@ func TestParseChatCompletionsRefuses(t *testing.T) {
 		{"image_url http", `{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://x/` + dialectPromptText + `"}}]}]}`},
 		{"system content parts of images", `{"model":"m","messages":[{"role":"system","content":[{"type":"image_url"}]},` + u + `]}`},
 		{"assistant with nothing", `{"model":"m","messages":[{"role":"assistant","content":null},` + u + `]}`},
+		{"tool call in a user message", `{"model":"m","messages":[{"role":"user","content":"","tool_calls":[{"id":"0","function":{"name":"0"}}]}]}`},
 		{"tool call without id", `{"model":"m","messages":[{"role":"assistant","tool_calls":[{"type":"function","function":{"name":"f"}}]},` + u + `]}`},
 		{"tool call of another type", `{"model":"m","messages":[{"role":"assistant","tool_calls":[{"id":"c","type":"custom","function":{"name":"f"}}]},` + u + `]}`},
 		{"tool call arguments object", `{"model":"m","messages":[{"role":"assistant","tool_calls":[{"id":"c","function":{"name":"f","arguments":{}}}]},` + u + `]}`},
@@ -172,7 +173,7 @@ func TestParseChatCompletionsRefuses(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := parseChatCompletions([]byte(tc.body))
+			_, err := parseCaller(dialectChat, []byte(tc.body))
 			wantInvalidRequest(t, err)
 			if strings.Contains(err.Error(), dialectPromptText) {
 				t.Errorf("refusal quotes the prompt: %v", err)

@@ -147,7 +147,7 @@ func (e *engine) planChat(cl client, req *callerRequest) (c call, cands []resolu
 	}
 	if err == nil && slices.ContainsFunc(targets, func(t resolution) bool { return req.translates(t.Provider) }) {
 		req.neutral = new(chatRequest) // the whole body parsed once, at plan time
-		*req.neutral, err = formatOf(req.dialect).parse(req.body.src)
+		*req.neutral, err = formatOf(req.dialect).parse(req)
 	}
 	return c, cands, err
 }

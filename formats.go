@@ -147,8 +147,8 @@ type outputFormat struct {
 type wireFormat struct {
 	dialect, protocol string
 	path              string // the provider endpoint below the base URL
-	parse             func(body []byte) (chatRequest, error)
-	encode            func(req *chatRequest, c call, h http.Header) (any, error)                // req.Stream: whether c streams; h: its headers
+	parse             func(cr *callerRequest) (chatRequest, error)
+	encode            func(req *chatRequest, c call, h http.Header) ([]byte, error)             // req.Stream: whether c streams; h: its headers
 	decode            func(body []byte, r *streamReader) error                                  // a 2xx buffered body given r's caller stream
 	frames            func(s *callerStream, step streamStep, b *streamBlock, text string) error // the caller stream writer's
 }
@@ -249,20 +249,14 @@ type callerHead struct {
 	Stream      bool     `json:"stream,omitempty"`
 }
 
-// newCallerRequest reads body's head as the passthrough path does (readCallerRequest: model, stream, the output limit),
-// decodes body into b (embedding h), and names the unknown members.
-func newCallerRequest(dialect string, body []byte, b any, h *callerHead, known string) (chatRequest, error) {
-	cr, err := readCallerRequest(dialect, nil, body)
-	if err == nil {
-		err = decodeCallerJSON(body, b, "")
-	}
-	if err != nil {
-		return chatRequest{}, err
-	}
+// newCallerRequest starts the neutral request from cr's head (readCallerRequest: model, stream, the output limit),
+// decodes its body into b (embedding h), and names the unknown members; on a refusal, b holds what did decode.
+func newCallerRequest(cr *callerRequest, b any, h *callerHead, known string) (chatRequest, error) {
+	err := decodeCallerJSON(cr.body.src, b, "")
 	req := cr.head
 	req.Temperature, req.TopP = h.Temperature, h.TopP
-	req.dropUnknown(body, known)
-	return req, nil
+	req.dropUnknown(cr.body.src, known)
+	return req, err
 }
 
 // readList reads the caller's array raw at path what: each element decoded into a T, then given with its

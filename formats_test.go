@@ -39,15 +39,15 @@ func callPart(tc toolCall) part {
 // answerOf gathers the answer a reader of protocol gives a caller stream that writes nothing; read runs the reader.
 func answerOf(protocol string, read func(r *streamReader) error) (chatAnswer, error) {
 	s := &callerStream{frames: func(*callerStream, streamStep, *streamBlock, string) error { return nil }}
-	if err := s.translate(protocol, read); err != nil {
+	if err := s.translate(call{res: resolution{Provider: providerInfo{protocol: protocol}}}, read); err != nil {
 		return chatAnswer{}, err
 	}
-	a := chatAnswer{Finish: s.reason, Usage: s.usage}
+	a := chatAnswer{Finish: s.rd.finish, Usage: s.rd.usage}
 	for _, b := range s.blocks {
 		if b.text {
 			a.Text += b.buf.String()
 		} else {
-			a.ToolCalls = append(a.ToolCalls, toolCall{ID: b.id, Name: b.flat, Arguments: b.buf.String(), Custom: b.custom})
+			a.ToolCalls = append(a.ToolCalls, toolCall{ID: b.id, Name: b.name, Arguments: b.buf.String(), Custom: b.custom})
 		}
 	}
 	return a, nil
@@ -61,7 +61,7 @@ func decodeUpstreamAnswer(protocol string, body []byte) (chatAnswer, error) {
 // renderAnswer is a as dialect's buffered body, written through the dialect's frames as readAnswer writes a provider's.
 func renderAnswer(dialect string, req chatRequest, a chatAnswer) ([]byte, error) {
 	s := &callerStream{w: io.Discard, frames: formatOf(dialect).frames, req: req, model: a.Model}
-	err := s.start()
+	err := s.frames(s, stepBegin, nil, "")
 	if err == nil {
 		err = s.text(a.Text)
 	}
@@ -70,7 +70,8 @@ func renderAnswer(dialect string, req chatRequest, a chatAnswer) ([]byte, error)
 		for _, tc := range a.ToolCalls {
 			calls = append(calls, callPart(tc))
 		}
-		err = s.tail(0, calls, a.Finish, a.Usage)
+		s.rd.finish, s.rd.usage = a.Finish, a.Usage
+		err = s.tail(calls)
 	}
 	if err == nil {
 		err = s.finish(nil)
@@ -196,7 +197,7 @@ func runCallerStream(t *testing.T, dialect string, events []streamEvent) (string
 	var buf bytes.Buffer
 	flushes := 0
 	s := newCallerStream(dialect, chatRequest{StreamUsage: true}, &buf, func() { flushes++ }, "m")
-	if err := s.start(); err != nil {
+	if err := s.frames(s, stepBegin, nil, ""); err != nil {
 		t.Fatal(err)
 	}
 	for _, ev := range events {
@@ -298,7 +299,7 @@ func TestStreamFail(t *testing.T) {
 			var buf bytes.Buffer
 			flushes := 0
 			s := newCallerStream(tc.dialect, chatRequest{}, &buf, func() { flushes++ }, "m")
-			s.start()
+			s.frames(s, stepBegin, nil, "")
 			feed(s, streamEvent{Kind: eventText, Text: "partial"})
 			feed(s, streamEvent{Kind: eventToolCallStart, ToolCall: toolCall{ID: "c", Name: "f"}})
 			feed(s, streamEvent{Kind: eventFinish, Finish: finishStop})
@@ -351,7 +352,7 @@ func TestStreamKeepAliveAndErrors(t *testing.T) {
 
 			w := &dialectBrokenWriter{}
 			s = newCallerStream(d, chatRequest{}, w, nil, "m")
-			if err := s.start(); !errors.Is(err, errDialectBrokenPipe) {
+			if err := s.frames(s, stepBegin, nil, ""); !errors.Is(err, errDialectBrokenPipe) {
 				t.Fatalf("start on a broken writer = %v", err)
 			}
 			if err := feed(s, streamEvent{Kind: eventText, Text: "x"}); !errors.Is(err, errDialectBrokenPipe) || w.writes != 1 {
@@ -383,7 +384,7 @@ func TestParseRequestDispatch(t *testing.T) {
 	}
 	want := []message{{Role: "user", Parts: []part{{Type: partText, Text: "hi"}}}}
 	for _, tc := range tests {
-		req, err := formatOf(tc.dialect).parse([]byte(tc.body))
+		req, err := parseCaller(tc.dialect, []byte(tc.body))
 		if err != nil {
 			t.Fatalf("%s: %v", tc.dialect, err)
 		}
@@ -391,6 +392,15 @@ func TestParseRequestDispatch(t *testing.T) {
 			t.Errorf("%s messages (-want +got):\n%s", tc.dialect, diff)
 		}
 	}
+}
+
+// parseCaller parses body in dialect as the plan does: its head read once (readCallerRequest), then the whole.
+func parseCaller(dialect string, body []byte) (chatRequest, error) {
+	cr, err := readCallerRequest(dialect, nil, body)
+	if err != nil {
+		return chatRequest{}, err
+	}
+	return formatOf(dialect).parse(cr)
 }
 
 // fuzzDialectParse is the shared body of the three parser fuzz targets: no panic,
@@ -404,7 +414,7 @@ func fuzzDialectParse(f *testing.F, dialect string, seeds ...string) {
 	}
 	wf := formatOf(dialect)
 	f.Fuzz(func(t *testing.T, body []byte) {
-		req, err := wf.parse(body)
+		req, err := parseCaller(dialect, body)
 		if err != nil {
 			var ae *apiError
 			if !errors.As(err, &ae) || ae.Code != "invalid_request" {
@@ -434,7 +444,7 @@ func fuzzDialectParse(f *testing.F, dialect string, seeds ...string) {
 		if err != nil || len(roundTripNeutral(req).Messages) == 0 || roundTripNeutral(req).Messages[0].Role == "system" { // nothing a provider takes
 			return // not every accepted request can be sent (JSON mode toward messages, arguments that are not an object)
 		}
-		again, err := wf.parse(must(json.Marshal(enc)))
+		again, err := parseCaller(dialect, enc)
 		if err != nil {
 			t.Fatalf("the re-encoded request is refused: %v", err)
 		}

@@ -108,16 +108,32 @@ const (
 )
 
 // parseMessages reads a caller's Messages body; every step runs and the first refusal wins.
-func parseMessages(body []byte) (chatRequest, error) {
+func parseMessages(cr *callerRequest) (chatRequest, error) {
 	var b messagesRequestBody
-	req, err := newCallerRequest(dialectMessages, body, &b, &b.callerHead, messagesKnown)
-	if err != nil {
-		return chatRequest{}, err
-	}
+	req, err := newCallerRequest(cr, &b, &b.callerHead, messagesKnown)
 	if !rawIsNull(b.System) {
-		err = req.addSystemOf(b.System, "system", "text")
+		err = cmp.Or(err, req.addSystemOf(b.System, "system", "text"))
 	}
-	err = cmp.Or(err, readList(b.Messages, "messages", req.addMessagesTurn), readList(b.Tools, "tools", req.addMessagesTool))
+	err = cmp.Or(err, readList(b.Messages, "messages", func(m messagesTurn, _ json.RawMessage, what string) error {
+		switch m.Role {
+		case "system":
+			return req.addSystemOf(m.Content, what+".content", "text")
+		case "user", "assistant":
+			parts, err := req.messagesParts(m.Role, m.Content, what+".content")
+			req.Messages = append(req.Messages, message{Role: m.Role, Parts: parts})
+			return err
+		}
+		return refuse("invalid_request", "%s.role %s is not user, assistant or system", what, quoteCallerToken(m.Role))
+	}), readList(b.Tools, "tools", func(t messagesTool, raw json.RawMessage, what string) error {
+		if t.Type != "" && t.Type != toolCustom { // a server tool (web_search_…, bash_…, …): dropped and named
+			req.drop(true, t.Type)
+			return nil
+		}
+		req.dropUnknown(raw, "type name description input_schema strict")
+		schema, err := checkSchema(t.InputSchema, what+".input_schema")
+		t.Type, t.Parameters = toolFunction, schema
+		return cmp.Or(err, req.addOpenAITool(t.tool, nil, what))
+	}))
 	if tc := b.ToolChoice; tc != nil {
 		req.ToolChoice = &toolChoice{Mode: messagesChoices[tc.Type], Name: tc.Name}
 		if req.ToolChoice.Mode == "" || req.ToolChoice.Mode == toolChoiceTool && tc.Name == "" {
@@ -144,30 +160,6 @@ func parseMessages(body []byte) (chatRequest, error) {
 		err = cmp.Or(err, req.setOutput(&outputFormat{Type: f.Type, Schema: f.Schema}, "output_config.format"))
 	}
 	return req.finishParse(err, "messages must hold at least one user or assistant turn")
-}
-
-func (req *chatRequest) addMessagesTurn(m messagesTurn, _ json.RawMessage, what string) error {
-	switch m.Role {
-	case "system":
-		return req.addSystemOf(m.Content, what+".content", "text")
-	case "user", "assistant":
-		parts, err := req.messagesParts(m.Role, m.Content, what+".content")
-		req.Messages = append(req.Messages, message{Role: m.Role, Parts: parts})
-		return err
-	}
-	return refuse("invalid_request", "%s.role %s is not user, assistant or system", what, quoteCallerToken(m.Role))
-}
-
-// addMessagesTool adds a client tool, naming raw's unknown members; a server tool (web_search_…, bash_…, …) is dropped and named.
-func (req *chatRequest) addMessagesTool(t messagesTool, raw json.RawMessage, what string) error {
-	if t.Type != "" && t.Type != toolCustom {
-		req.drop(true, t.Type)
-		return nil
-	}
-	req.dropUnknown(raw, "type name description input_schema strict")
-	schema, err := checkSchema(t.InputSchema, what+".input_schema")
-	t.Type, t.Parameters = toolFunction, schema
-	return cmp.Or(err, req.addOpenAITool(t.tool, nil, what))
 }
 
 // messagesBlockMembers names the members Brama carries of each block type it reads; is_error is named dropped
@@ -291,7 +283,7 @@ func (req *chatRequest) messagesContent(ps []part) (json.RawMessage, error) {
 // encodeMessages builds a Messages body: claude-code's identity first, custom tools as functions (SPEC §7.6); the
 // betas it needs go in h. Thinking takes the effort's budget below max_tokens, at least 1024, and none in a tool
 // loop, where Anthropic wants back thinking blocks no format carries.
-func encodeMessages(req *chatRequest, c call, h http.Header) (any, error) {
+func encodeMessages(req *chatRequest, c call, h http.Header) ([]byte, error) {
 	out := messagesRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream},
 		MaxTokens: req.MaxTokens, StopSequences: req.Stop}
 	switch {
@@ -366,7 +358,7 @@ func encodeMessages(req *chatRequest, c call, h http.Header) (any, error) {
 	if cfg.Effort != "" {
 		h.Add("Anthropic-Beta", effortBeta)
 	}
-	return out, nil
+	return json.Marshal(out)
 }
 
 // messagesToolID is a call id as Anthropic takes it (^[a-zA-Z0-9_-]+$): another
@@ -407,8 +399,9 @@ func decodeMessages(body []byte, rd *streamReader) error {
 			return err
 		}
 	}
-	u, _ := usageOf(protoAnthropic, rawMember(body, "usage"))
-	return rd.out.tail(0, nil, answerFinish(messagesFinishes[valueOr(r.StopReason, "")]), u)
+	rd.usage, _ = usageOf(protoAnthropic, rawMember(body, "usage"))
+	rd.finish = cmp.Or(messagesFinishes[valueOr(r.StopReason, "")], finishStop)
+	return rd.ended()
 }
 
 // messagesSteps names each step's event.
@@ -422,34 +415,35 @@ func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string)
 	if b != nil {
 		ev.Index = &b.pos
 	}
+	m, _ := s.whole.(*messagesAnswer) // nil before stepBegin
 	switch {
 	case step == stepBegin: // input tokens go out as 0 (providers report usage at the end) and for real in message_delta, which the SDKs take over
-		s.msg = messagesAnswer{ID: newAnswerID("msg_"), Type: "message", Role: "assistant", Model: s.model,
+		m = &messagesAnswer{ID: newAnswerID("msg_"), Type: "message", Role: "assistant", Model: s.model,
 			Content: []messagesBlock{}, Usage: &messagesUsage{}}
-		ev.Message, s.whole = &s.msg, &s.msg
+		ev.Message, s.whole = m, m
 	case step == stepOpen:
 		cb := messagesBlock{Type: "text", Text: ptrTo("")}
 		if !b.text {
 			cb = messagesBlock{Type: "tool_use", ID: answerIDOr(b.id, "toolu_"), Name: b.name, Input: json.RawMessage(`{}`)}
 		}
-		s.msg.Content = append(s.msg.Content, cb)
+		m.Content = append(m.Content, cb)
 		ev.ContentBlock = &cb
 	case step == stepDelta && b.text:
 		ev.Delta = &messagesBlock{Type: "text_delta", Text: &d}
 	case step == stepDelta:
 		ev.Delta = &messagesBlock{Type: "input_json_delta", PartialJSON: &d}
 	case step == stepClose && b.text: // the kept block gets its whole text, a call its whole input
-		s.msg.Content[b.pos].Text = &d
+		m.Content[b.pos].Text = &d
 	case step == stepClose:
 		in, err := toolArguments(d)
 		if err != nil { // {} would run the tool on nothing (SPEC §17)
 			return refuse("provider_incomplete", "the provider's answer holds a tool call whose arguments are not a JSON object, which a tool_use input must be")
 		}
-		s.msg.Content[b.pos].Input = in
+		m.Content[b.pos].Input = in
 	case step == stepEnd: // message_delta and message_stop (a write error sticks: the second writes nothing)
-		s.msg.StopReason = ptrTo(cmp.Or(messagesStopReasons[s.reason], "end_turn"))
-		s.msg.Usage = &messagesUsage{InputTokens: s.usage.InputTokens, OutputTokens: s.usage.OutputTokens}
-		ev.Delta, ev.Usage = &messagesBlock{StopReason: *s.msg.StopReason, StopSequence: json.RawMessage("null")}, s.msg.Usage
+		m.StopReason = ptrTo(cmp.Or(messagesStopReasons[s.rd.finish], "end_turn"))
+		m.Usage = &messagesUsage{InputTokens: s.rd.usage.InputTokens, OutputTokens: s.rd.usage.OutputTokens}
+		ev.Delta, ev.Usage = &messagesBlock{StopReason: *m.StopReason, StopSequence: json.RawMessage("null")}, m.Usage
 		return cmp.Or(s.frame(ev.Type, ev), s.frame("message_stop", messagesEvent{Type: "message_stop"}))
 	case step == stepFail:
 		ev.Error = must(json.Marshal(s.failure.body().Error))
@@ -467,15 +461,13 @@ func (r *streamReader) readMessages(typ string, e rawObject) (keep, end bool, er
 	switch typ {
 	case "error":
 		f, _ := errorObject(e.value("error"))
-		return false, false, inBandError(cmp.Or(f.typ, f.code))
+		return false, false, r.inBandError(cmp.Or(f.typ, f.code))
 	case "message_start":
 		m, ok := splitRaw(e.value("message"), '{', r.scratch[1][:])
 		if !ok {
 			return false, false, eventWithout(protoAnthropic, typ, "message")
 		}
-		if r.usage, err = usageOf(r.protocol, m.value("usage")); err == nil && r.out != nil && r.usage.Reported {
-			r.out.usage = r.usage // a stream cut later still records it
-		}
+		r.usage, err = usageOf(r.protocol, m.value("usage")) // a stream cut later still records it
 	case "message_delta":
 		var d messagesBlock
 		err = r.decode(e, "delta", &d)

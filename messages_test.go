@@ -82,7 +82,7 @@ func TestParseMessages(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := parseMessages([]byte(tc.body))
+			got, err := parseCaller(dialectMessages, []byte(tc.body))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -128,7 +128,7 @@ func TestParseMessagesRefuses(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := parseMessages([]byte(tc.body))
+			_, err := parseCaller(dialectMessages, []byte(tc.body))
 			wantInvalidRequest(t, err)
 			if strings.Contains(err.Error(), dialectPromptText) {
 				t.Errorf("refusal quotes the prompt: %v", err)
@@ -299,12 +299,12 @@ func TestDecodeMessagesBlockOrder(t *testing.T) {
 	body := `{"type":"message","content":[{"type":"text","text":"a"},{"type":"tool_use","id":"toolu_1","name":"f","input":{ "x": 1 }},
 		{"type":"text","text":"b"}],"stop_reason":"tool_use","usage":{"input_tokens":3,"output_tokens":4}}`
 	s := &callerStream{w: io.Discard, frames: formatOf(dialectMessages).frames}
-	if err := s.translate(protoAnthropic, func(r *streamReader) error { return decodeMessages([]byte(body), r) }); err != nil {
+	if err := s.translate(call{res: resolution{Provider: providerInfo{protocol: protoAnthropic}}}, func(r *streamReader) error { return decodeMessages([]byte(body), r) }); err != nil {
 		t.Fatal(err)
 	}
 	want := []messagesBlock{{Type: "text", Text: ptrTo("a")},
 		{Type: "tool_use", ID: "toolu_1", Name: "f", Input: json.RawMessage(`{"x":1}`)}, {Type: "text", Text: ptrTo("b")}}
-	if diff := cmp.Diff(want, s.msg.Content); diff != "" {
+	if diff := cmp.Diff(want, s.whole.(*messagesAnswer).Content); diff != "" {
 		t.Errorf("content mismatch (-want +got):\n%s", diff)
 	}
 }

@@ -363,18 +363,13 @@ func rawMember(raw json.RawMessage, name string) json.RawMessage {
 
 // buildUpstreamRequest is req's call c in its provider's protocol and wire details (SPEC §6.2).
 func buildUpstreamRequest(ctx context.Context, c call, req *chatRequest) (*http.Request, error) {
-	p, options := c.res.Provider, http.Header{} // options: the format's own headers a translation needs
-	f := formatOf(p.protocol)                   // never nil: TestEveryProviderHasAWireFormat
-	req.Stream = req.Stream || p.codex
+	f, options := formatOf(c.res.Provider.protocol), http.Header{} // never nil; options: the format's own headers it needs
+	req.Stream = req.Stream || c.res.Provider.codex
 	body, err := f.encode(req, c, options)
 	if err != nil {
 		return nil, err
 	}
-	b, err := json.Marshal(body)
-	if err != nil {
-		return nil, refuse("invalid_request", "the request cannot be encoded for provider %q", p.id).because(err)
-	}
-	return newProviderRequest(ctx, c, options, f.path, b, req.Stream)
+	return newProviderRequest(ctx, c, options, f.path, body, req.Stream)
 }
 
 // relayBuffered reads a committed buffered answer of c whole (a codex stream, SPEC §6.2, to its end) and writes it to w
@@ -391,17 +386,17 @@ func relayBuffered(w http.ResponseWriter, c call, resp *http.Response, attempts 
 	switch {
 	case err != nil:
 	case s != nil:
-		err = s.translate(p.protocol, func(r *streamReader) error {
+		err = s.translate(c, func(r *streamReader) error {
 			if p.codex {
 				return r.run(resp.Body, nil)
 			}
 			return formatOf(p.protocol).decode(body, r)
 		})
-		if u = s.usage; err == nil {
+		if u = s.rd.usage; err == nil {
 			body, err = json.Marshal(s.whole)
 		}
 	case p.codex:
-		r := &streamReader{protocol: p.protocol, raw: map[int][]byte{}}
+		r := &streamReader{protocol: p.protocol, secret: c.cred.bearer(), raw: map[int][]byte{}}
 		if err = r.run(resp.Body, nil); err == nil && len(r.raw) == 0 {
 			body = r.final
 		} else if err == nil { // the final response, its output the output_item.done items in output_index order
@@ -421,7 +416,7 @@ func relayBuffered(w http.ResponseWriter, c call, resp *http.Response, attempts 
 		}
 	}
 	if err != nil {
-		return u, asAPIError(err).redactedFor(c.cred.bearer()).withAttempts(attempts)
+		return u, asAPIError(err).withAttempts(attempts)
 	}
 	if w != nil {
 		providerFacts(w.Header(), resp.Header, s == nil)

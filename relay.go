@@ -37,8 +37,6 @@ func newAnswerID(prefix string) string { return prefix + rand.Text() }
 
 func answerIDOr(id, prefix string) string { return cmp.Or(id, newAnswerID(prefix)) }
 
-func answerFinish(f string) string { return cmp.Or(f, finishStop) }
-
 // writeAnswer writes a 200 answer with its attempts: a buffered body, or a stream's head.
 func writeAnswer(w http.ResponseWriter, contentType string, attempts int, body []byte) {
 	w.Header().Set("Content-Type", contentType)
@@ -86,34 +84,32 @@ func (s *callerStream) do(f func()) {
 	}
 }
 
-// close stops the timer: nothing more is written.
+// close stops the timer: nothing more is written (a run of it already waiting on the lock finds the stream done).
 func (s *callerStream) close() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.done = true
+	s.do(func() { s.done = true })
 	s.timer.Stop()
 }
 
-// answer reads a committed stream of protocol to its terminal signal, relayed as received (a same-format call, Brama's
+// answer reads a committed stream of c to its terminal signal, relayed as received (a same-format call, Brama's
 // own usage request dropped when dropUsage) or translated. It holds the lock but while it waits on the provider (Read).
-func (s *callerStream) answer(protocol string, body io.Reader, translate, dropUsage bool) (usage, error) {
+func (s *callerStream) answer(c call, body io.Reader, translate, dropUsage bool) (usage, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.body = body
 	if !translate {
-		s.rd = streamReader{protocol: protocol, dropUsage: dropUsage}
+		s.rd = streamReader{protocol: c.res.Provider.protocol, secret: c.cred.bearer(), dropUsage: dropUsage}
 		err := s.rd.run(s, s.write)
 		return s.rd.usage, err
 	}
-	err := s.translate(protocol, func(r *streamReader) error { return r.run(s, nil) })
-	return s.usage, err
+	err := s.translate(c, func(r *streamReader) error { return r.run(s, nil) })
+	return s.rd.usage, err
 }
 
-// translate writes, start to finish, the answer read gives s's reader of protocol (translating into s).
-func (s *callerStream) translate(protocol string, read func(r *streamReader) error) error {
-	err := s.start()
+// translate writes, start to finish, the answer read gives s's reader of c's protocol (translating into s).
+func (s *callerStream) translate(c call, read func(r *streamReader) error) error {
+	err := s.frames(s, stepBegin, nil, "")
 	if err == nil {
-		s.rd = streamReader{protocol: protocol, out: s, calls: map[int]*upstreamCall{}}
+		s.rd = streamReader{protocol: c.res.Provider.protocol, secret: c.cred.bearer(), out: s, calls: map[int]*upstreamCall{}}
 		err = read(&s.rd)
 	}
 	if err == nil {
@@ -161,20 +157,17 @@ type callerStream struct {
 	frames    func(s *callerStream, step streamStep, b *streamBlock, text string) error
 	req       chatRequest
 	model     string
-	done      bool   // finish or close ran
-	reason    string // the tail: finish and usage arrive in either order, usage maybe never
-	usage     usage
+	done      bool         // finish or close ran
 	failure   *apiError    // stepFail's
 	open      *streamBlock // nil when none
 	blocks    []*streamBlock
-	// the dialect's own: chat's chunk id and creation time, responses' next sequence_number, and the message or
-	// response the last event repeats whole
+	// the dialect's own: chat's chunk id and creation time, responses' next sequence_number and the response
+	// response.completed repeats whole
 	id      string
 	created int64
 	seq     int
-	msg     messagesAnswer
 	resp    responsesObject
-	whole   any // a buffered answer's body: the message, the response, the chat.completion
+	whole   any // the message messages' events fill in, and a buffered answer's body: it, the response, the chat.completion
 }
 
 // streamBlock is one block: text, or a tool call named as the caller declared it; a custom call made as a function is wrapped, its input held to the close.
@@ -183,12 +176,10 @@ type streamBlock struct {
 	pos             int // its index among the blocks
 	index           int // the call's index among calls
 	id, name        string
-	flat            string // the name providers saw
+	namespace       string // the caller's namespace of the tool, "" for none
 	custom, wrapped bool
 	buf             strings.Builder
 }
-
-func (s *callerStream) start() error { return s.frames(s, stepBegin, nil, "") }
 
 // text writes the next piece of the answer's text, in the open text block or a new one.
 func (s *callerStream) text(t string) error {
@@ -207,9 +198,9 @@ func (s *callerStream) text(t string) error {
 // call opens the block of tool call index (0-based, in call order): its id, and its name and kind as the caller
 // declared the tool; a custom tool's call made as a function is wrapped.
 func (s *callerStream) call(index int, tc part) error {
-	b := &streamBlock{index: index, id: tc.ToolCallID, name: tc.ToolName, flat: tc.ToolName, custom: tc.Custom}
+	b := &streamBlock{index: index, id: tc.ToolCallID, name: tc.ToolName, custom: tc.Custom}
 	if t := s.req.findTool(tc.ToolName); t != nil {
-		b.name, b.custom = t.memberName(), t.Type == toolCustom
+		b.name, b.namespace, b.custom = t.memberName(), t.Namespace, t.Type == toolCustom
 	}
 	b.wrapped = b.custom && !tc.Custom
 	return s.openBlock(b)
@@ -229,15 +220,12 @@ func (s *callerStream) args(index int, piece string) error {
 	return s.frames(s, stepDelta, b, piece)
 }
 
-// tail takes the provider's terminal signal (SPEC §7.5): whole calls it held back (their indexes from first
-// on), its finish, and its usage when reported.
-func (s *callerStream) tail(first int, calls []part, finish string, u usage) (err error) {
-	if s.reason = finish; u.Reported { // recorded even when a block is refused: the provider answered
-		s.usage = u
-	}
-	for i := 0; err == nil && i < len(calls); i++ {
-		if err = s.call(first+i, calls[i]); err == nil {
-			err = s.args(first+i, calls[i].Arguments)
+// tail takes the provider's terminal signal (SPEC §7.5; its finish and usage are s.rd's): the whole calls chat's
+// reader held back, those after the first (indexes from 1).
+func (s *callerStream) tail(held []part) (err error) {
+	for i := 0; err == nil && i < len(held); i++ {
+		if err = s.call(i+1, held[i]); err == nil {
+			err = s.args(i+1, held[i].Arguments)
 		}
 	}
 	if err == nil {
@@ -295,20 +283,16 @@ func (s *callerStream) finish(failure *apiError) error {
 	return s.frames(s, stepEnd, nil, "")
 }
 
-// frame writes one event: "event: <name>\n" when name is set, then the data. A buffered answer's frames (no
-// writer: relayBuffered) are discarded unmarshalled: only the body they keep counts.
+// frame writes one event: "event: <name>\n" when name is set, then the data (Brama's own types, whose raw members it
+// built valid). A buffered answer's frames (no writer: relayBuffered) are discarded unmarshalled: only the body they keep counts.
 func (s *callerStream) frame(name string, v any) error {
 	if s.w == nil {
 		return nil
 	}
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
 	if name != "" {
 		name = "event: " + name + "\n"
 	}
-	return s.write(slices.Concat([]byte(name+"data: "), b, []byte("\n\n")), true)
+	return s.write(slices.Concat([]byte(name+"data: "), must(json.Marshal(v)), []byte("\n\n")), true)
 }
 
 // write writes b and, when flush is set, flushes what is unflushed (SPEC §7.5), which restarts the silence timer; a
@@ -331,6 +315,7 @@ func (s *callerStream) write(b []byte, flush bool) error {
 // tool calls given its caller stream (out). Passthrough relays the bytes and runs it for that bookkeeping only.
 type streamReader struct {
 	protocol  string
+	secret    string        // the credential in use, redacted from an in-band error's code (SPEC §8.1)
 	out       *callerStream // translation's writer (text and tool calls); nil: passthrough skips decoding them
 	dropUsage bool          // chat passthrough: Brama asked for usage itself, so the usage chunk is not relayed
 	finished  bool          // the terminal signal came (chat: every choice's finish_reason)
@@ -341,9 +326,8 @@ type streamReader struct {
 	// index, messages' content block index, responses' output_index), and the tool calls started
 	calls  map[int]*upstreamCall
 	ncalls int
-	// chat: the choice indexes seen and finished (n ≤ 128), data: [DONE], the calls after the first, held to the end
+	// chat: the choice indexes seen and finished (n ≤ 128), the calls after the first, held to the end
 	choices [2][2]uint64
-	sawDone bool
 	held    []part
 	// a buffered codex caller (non-nil raw): output_item.done items by output_index, the final response
 	raw     map[int][]byte
@@ -373,13 +357,11 @@ func (r *streamReader) run(body io.Reader, relay func(block []byte, flush bool) 
 		switch {
 		case err != nil && !r.finished:
 			return streamCut(err)
-		case err != nil && r.protocol == protoOpenAIChat && !r.sawDone:
+		case err != nil: // only chat is finished before its end ([DONE]): it gets one
 			if err := r.ended(); err != nil || relay == nil {
 				return err
 			}
 			return relay([]byte("data: [DONE]\n\n"), false)
-		case err != nil:
-			return nil
 		}
 		keep, end, err := r.read(event, data)
 		if !keep {
@@ -404,7 +386,6 @@ func (r *streamReader) read(event string, data []byte) (keep, end bool, err erro
 		if !r.finished {
 			return false, false, streamCut(io.EOF)
 		}
-		r.sawDone = true
 		return true, true, r.ended()
 	}
 	e, ok := rawObject{}, json.Valid(data)
@@ -446,7 +427,7 @@ func (r *streamReader) ended() error {
 	if r.refusal {
 		r.finish = finishContentFilter
 	}
-	return r.out.tail(1, r.held, r.finish, r.usage)
+	return r.out.tail(r.held)
 }
 
 // upstreamStreamError is an in-band error's cause: its redacted code, and the refusalRate or refusalQuota class the
@@ -458,25 +439,15 @@ func (e *upstreamStreamError) Error() string { return "provider stream error " +
 // streamErrorCodes classifies in-band error codes that say "rate" (quotaCodes those that say "quota").
 var streamErrorCodes = map[string]string{"rate_limit_exceeded": refusalRate, "rate_limit_error": refusalRate, "usage_limit_reached": refusalRate}
 
-// inBandError is provider_incomplete: the caller cannot know what was billed (SPEC §6.2, §7.5).
-func inBandError(code string) *apiError {
+// inBandError is provider_incomplete: the caller cannot know what was billed (SPEC §6.2, §7.5). Its code is classified
+// before the credential is redacted from it.
+func (r *streamReader) inBandError(code string) *apiError {
 	class := streamErrorCodes[code]
 	if quotaCodes[code] {
 		class = refusalQuota
 	}
-	se := &upstreamStreamError{Code: cmp.Or(cleanQuoted(code, "", 64), "unspecified"), Class: class}
-	return (&apiError{Err: se}).redactedFor("") // writes the message
-}
-
-// redactedFor redacts the presented credential from an in-band stream error's code, which its reader
-// does not know (SPEC §8.1), and (re)writes its message; other errors are returned as they are.
-func (e *apiError) redactedFor(presented string) *apiError {
-	var se *upstreamStreamError
-	if errors.As(e.Err, &se) {
-		se.Code = redact(se.Code, presented)
-		*e = *refuse("provider_incomplete", "the provider stream failed with error %q", se.Code).because(e.Err)
-	}
-	return e
+	se := &upstreamStreamError{Code: cmp.Or(cleanQuoted(code, r.secret, 64), "unspecified"), Class: class}
+	return refuse("provider_incomplete", "the provider stream failed with error %q", se.Code).because(se)
 }
 
 // malformedAnswer refuses a 2xx body or stream event that is not the protocol's answer, never quoted.

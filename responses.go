@@ -84,20 +84,20 @@ type (
 const responsesKnown = "model instructions input tools tool_choice parallel_tool_calls max_output_tokens temperature top_p reasoning text stream " + openAISharedNames
 
 // parseResponses reads a caller's Responses body; every step runs and the first refusal wins.
-func parseResponses(body []byte) (chatRequest, error) {
+func parseResponses(cr *callerRequest) (chatRequest, error) {
 	var b responsesRequestBody
-	req, err := newCallerRequest(dialectResponses, body, &b, &b.callerHead, responsesKnown)
+	req, err := newCallerRequest(cr, &b, &b.callerHead, responsesKnown)
 	if err != nil {
 		return chatRequest{}, err
 	}
 	for _, ref := range []string{"previous_response_id", "conversation", "prompt"} { // refused as item_reference is
-		if !rawIsNull(rawMember(body, ref)) {
+		if !rawIsNull(rawMember(cr.body.src, ref)) {
 			return chatRequest{}, refuse("invalid_request", "%s is not supported across formats: it names what only the "+
 				"provider that stored it holds; send the instructions and items themselves", ref)
 		}
 	}
-	req.dropUnknown(rawMember(body, "reasoning"), "effort")
-	req.dropUnknown(rawMember(body, "text"), "format verbosity")
+	req.dropUnknown(rawMember(cr.body.src, "reasoning"), "effort")
+	req.dropUnknown(rawMember(cr.body.src, "text"), "format verbosity")
 	req.Shared, req.ParallelToolCalls = b.openAIShared, b.ParallelToolCalls
 	req.System, req.Verbosity = b.Instructions, b.Text.Verbosity
 	switch rawShape(b.Input) {
@@ -200,7 +200,7 @@ var responsesPartMembers = map[string]string{"input_text": "type text", "output_
 	"input_image": "type image_url detail", "input_file": "type file_data file_url filename"}
 
 // encodeResponses builds a Responses body: text, images and files in message items, tool calls and results items of their own; codex gets SPEC §6.2's body.
-func encodeResponses(req *chatRequest, c call, _ http.Header) (any, error) {
+func encodeResponses(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 	codex := c.res.Provider.codex
 	out := responsesRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream}, Instructions: req.System,
 		ParallelToolCalls: req.ParallelToolCalls, MaxOutputTokens: req.MaxTokens, Reasoning: responsesOption{Effort: req.Effort},
@@ -250,7 +250,7 @@ func encodeResponses(req *chatRequest, c call, _ http.Header) (any, error) {
 		}
 	}
 	out.Tools, out.ToolChoice = jsonArray(tools), req.openAIToolChoice(false)
-	return out, nil
+	return json.Marshal(out)
 }
 
 // responsesCallTypes are a call's item type, a custom tool's or a function's; "_output" makes its result's.
@@ -312,69 +312,65 @@ func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string
 		s.resp = responsesObject{ID: newAnswerID("resp_"), Object: "response", CreatedAt: time.Now().Unix(), Model: s.model,
 			Status: "in_progress", Output: []*responsesItem{}}
 		s.whole = &s.resp
-		return s.emitNumbered(responsesEvent{Type: "response.created", Response: &s.resp})
+		return s.emit(nil, responsesEvent{Type: "response.created", Response: &s.resp})
 	case stepOpen:
-		it := &responsesItem{Type: "message", ID: newAnswerID("msg_"), Role: "assistant", Content: json.RawMessage("[]")}
+		it := &responsesItem{Type: "message", ID: "msg_", Role: "assistant", Content: json.RawMessage("[]")} // ID: its prefix
 		if !b.text {
-			it = &responsesItem{Type: responsesCallTypes[b.custom], ID: newAnswerID("fc_"), CallID: answerIDOr(b.id, "call_"),
-				Namespace: valueOr(s.req.findTool(b.flat), tool{}).Namespace, Name: b.name}
+			it = &responsesItem{Type: responsesCallTypes[b.custom], ID: "fc_", CallID: answerIDOr(b.id, "call_"),
+				Namespace: b.namespace, Name: b.name}
 			it.fill("")
 		}
-		it.Status, s.resp.Output = "in_progress", append(s.resp.Output, it)
-		return s.emitNumbered(responsesEvent{Type: "response.output_item.added", OutputIndex: &b.pos, Item: it},
-			itemEvent(responsesEvent{Type: "response.content_part.added", Part: ptrTo(outputText(""))}, it, b))
+		it.ID, it.Status, s.resp.Output = newAnswerID(it.ID), "in_progress", append(s.resp.Output, it)
+		return s.emit(b, responsesEvent{Type: "response.output_item.added", Item: it},
+			responsesEvent{Type: "response.content_part.added", Part: ptrTo(outputText(""))})
 	case stepDelta: // an item already done (a provider interleaving calls) gets its final input updated
 		it := s.resp.Output[b.pos]
 		if it.Status == "completed" {
 			it.fill(b.buf.String())
 		}
-		return s.emitNumbered(itemEvent(responsesEvent{Type: responsesEvents[it.Type][0], Delta: &d}, it, b))
+		return s.emit(b, responsesEvent{Type: responsesEvents[it.Type][0], Delta: &d})
 	case stepClose: // its text's (and its part's) or its call's done events, then the item's
 		it := s.resp.Output[b.pos]
 		it.Status = "completed"
 		it.fill(d)
-		done := itemEvent(responsesEvent{Type: responsesEvents[it.Type][1], Arguments: it.Arguments, Input: it.Input}, it, b)
+		done := responsesEvent{Type: responsesEvents[it.Type][1], Arguments: it.Arguments, Input: it.Input}
 		if b.text {
 			done.Text = &d
 		}
-		return s.emitNumbered(done, itemEvent(responsesEvent{Type: "response.content_part.done", Part: ptrTo(outputText(d))}, it, b),
-			responsesEvent{Type: "response.output_item.done", OutputIndex: &b.pos, Item: it})
+		return s.emit(b, done, responsesEvent{Type: "response.content_part.done", Part: ptrTo(outputText(d))},
+			responsesEvent{Type: "response.output_item.done", Item: it})
 	case stepEnd: // "incomplete" with a reason as OpenAI reports it (SPEC §7.5): SDK stream helpers wait for this event
 		s.resp.Status = "completed"
 		for reason, finish := range responsesFinishes {
-			if finish == s.reason {
+			if finish == s.rd.finish {
 				s.resp.Status, s.resp.IncompleteDetails = "incomplete", map[string]string{"reason": reason}
 			}
 		}
-		if u := s.usage; u.Reported { // else null; the details always go: strict clients require them, Brama counts neither
+		if u := s.rd.usage; u.Reported { // else null; the details always go: strict clients require them, Brama counts neither
 			s.resp.Usage = map[string]any{"input_tokens": u.InputTokens, "input_tokens_details": map[string]int{"cached_tokens": 0},
 				"output_tokens": u.OutputTokens, "output_tokens_details": map[string]int{"reasoning_tokens": 0},
 				"total_tokens": u.InputTokens + u.OutputTokens}
 		}
-		return s.emitNumbered(responsesEvent{Type: "response.completed", Response: &s.resp})
+		return s.emit(nil, responsesEvent{Type: "response.completed", Response: &s.resp})
 	}
 	e := s.failure.body().Error // stepFail
 	s.resp.Status, s.resp.Error = "failed", map[string]string{"code": e.Code, "message": e.Message}
-	return s.emitNumbered(responsesEvent{Type: "response.failed", Response: &s.resp})
+	return s.emit(nil, responsesEvent{Type: "response.failed", Response: &s.resp})
 }
 
-// itemEvent is ev, an event of block b's item it, at its one content part for a message; a content part's event a
-// call has none of (emitNumbered skips it).
-func itemEvent(ev responsesEvent, it *responsesItem, b *streamBlock) responsesEvent {
-	if ev.Part != nil && !b.text {
-		return responsesEvent{}
-	}
-	ev.ItemID, ev.OutputIndex = it.ID, &b.pos
-	if b.text {
-		ev.ContentIndex = ptrTo(0)
-	}
-	return ev
-}
+var onePart = 0 // a message item's one content_index, shared by every event (never written)
 
-// emitNumbered writes Responses events, numbered in order; an untyped one is none.
-func (s *callerStream) emitNumbered(evs ...responsesEvent) (err error) {
+// emit writes Responses events numbered in order, those of block b's output item at its index: within the item (but
+// the item's own events) naming it, a message's at its one content part; a call has no part, so no part events.
+func (s *callerStream) emit(b *streamBlock, evs ...responsesEvent) (err error) {
 	for _, ev := range evs {
-		if ev.Type != "" && err == nil {
+		if b != nil {
+			ev.OutputIndex = &b.pos
+		}
+		if b != nil && ev.Item == nil {
+			ev.ItemID, ev.ContentIndex = s.resp.Output[b.pos].ID, ifSet(&onePart, b.text)
+		}
+		if err == nil && (ev.Part == nil || b.text) {
 			ev.SequenceNumber, s.seq = s.seq, s.seq+1
 			err = s.frame(ev.Type, ev)
 		}
@@ -396,7 +392,7 @@ func (r *streamReader) readResponses(typ string, e rawObject) (keep, end bool, e
 		code, _ := jsonScalar(e.value("code"))
 		f, _ := errorObject(e.value("error"))
 		failed, _ := errorObject(rawMember(e.value("response"), "error"))
-		return false, false, inBandError(cmp.Or(code, f.code, f.typ, failed.code))
+		return false, false, r.inBandError(cmp.Or(code, f.code, f.typ, failed.code))
 	case "response.completed", "response.incomplete":
 		resp, ok := splitRaw(e.value("response"), '{', r.scratch[1][:])
 		if !ok {

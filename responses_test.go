@@ -72,7 +72,7 @@ func TestParseResponses(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := parseResponses([]byte(tc.body))
+			got, err := parseCaller(dialectResponses, []byte(tc.body))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -119,7 +119,7 @@ func TestParseResponsesRefuses(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := parseResponses([]byte(tc.body))
+			_, err := parseCaller(dialectResponses, []byte(tc.body))
 			wantInvalidRequest(t, err)
 			if strings.Contains(err.Error(), dialectPromptText) {
 				t.Errorf("refusal quotes the prompt: %v", err)

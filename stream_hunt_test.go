@@ -169,7 +169,7 @@ func TestLongToolCallStreamsInLinearMemory(t *testing.T) {
 			s := newCallerStream(dialect, chatRequest{}, io.Discard, nil, "m")
 			var before, after runtime.MemStats
 			runtime.ReadMemStats(&before)
-			s.start()
+			s.frames(s, stepBegin, nil, "")
 			feed(s, streamEvent{Kind: eventToolCallStart, Index: 0, ToolCall: toolCall{ID: "call_1", Name: "write"}})
 			feed(s, streamEvent{Kind: eventToolCallArgs, Index: 0, Text: `{"lines":[`})
 			for range deltas {

@@ -45,9 +45,10 @@ func feed(s *callerStream, ev streamEvent) error {
 	case eventToolCallArgs:
 		return s.args(ev.Index, ev.Text)
 	case eventFinish:
-		return s.tail(0, nil, ev.Finish, usage{})
+		s.rd.finish = ev.Finish
+		return s.tail(nil)
 	}
-	s.usage = ev.Usage
+	s.rd.usage = ev.Usage
 	return nil
 }
 
@@ -57,7 +58,7 @@ func readEvents(protocol string, body io.Reader, each func(streamEvent) error) (
 	s := &callerStream{frames: func(s *callerStream, step streamStep, b *streamBlock, d string) error {
 		switch {
 		case step == stepOpen && !b.text:
-			return each(streamEvent{Kind: eventToolCallStart, Index: b.index, ToolCall: toolCall{ID: b.id, Name: b.flat, Custom: b.custom}})
+			return each(streamEvent{Kind: eventToolCallStart, Index: b.index, ToolCall: toolCall{ID: b.id, Name: b.name, Custom: b.custom}})
 		case step == stepDelta && b.text:
 			return each(text(d))
 		case step == stepDelta:
@@ -65,12 +66,12 @@ func readEvents(protocol string, body io.Reader, each func(streamEvent) error) (
 		}
 		return nil
 	}}
-	err := s.translate(protocol, func(r *streamReader) error { return r.run(body, nil) }) // the finish and usage follow
+	err := s.translate(call{res: resolution{Provider: providerInfo{protocol: protocol}}}, func(r *streamReader) error { return r.run(body, nil) }) // the finish and usage follow
 	if err == nil {
-		err = each(finish(s.reason))
+		err = each(finish(s.rd.finish))
 	}
-	if err == nil && s.usage.Reported {
-		err = each(streamEvent{Kind: eventUsage, Usage: s.usage})
+	if err == nil && s.rd.usage.Reported {
+		err = each(streamEvent{Kind: eventUsage, Usage: s.rd.usage})
 	}
 	return s, err
 }
@@ -419,7 +420,7 @@ func TestReadUpstreamStreamAnthropicCumulativeUsage(t *testing.T) {
 	}
 	// message_start's usage reaches the caller stream at once: a stream cut later still records it
 	s, err := readEvents(protoAnthropic, strings.NewReader(cutAt(t, body, "event: message_delta")), func(streamEvent) error { return nil })
-	if want := (usage{5, 1, true}); err == nil || s.usage != want {
-		t.Errorf("cut after message_start: usage %+v, err %v; want %+v and an error", s.usage, err, want)
+	if want := (usage{5, 1, true}); err == nil || s.rd.usage != want {
+		t.Errorf("cut after message_start: usage %+v, err %v; want %+v and an error", s.rd.usage, err, want)
 	}
 }
