@@ -110,26 +110,6 @@ func openDeps(getenv func(string) string, sy sys) deps {
 	return deps{st, newVault(vpath, verr), j, newRegistry(rpath, rerr, j, sy.log), clients}
 }
 
-// readLocalCredentials reads `{"provider":"api key",…}` from stdin when asked, keys trimmed; nil: the vault's are read.
-func readLocalCredentials(asked bool, r io.Reader) (map[string]string, error) {
-	if !asked {
-		return nil, nil
-	}
-	b, err := io.ReadAll(r)
-	var creds map[string]string
-	if err = cmp.Or(err, decodeStrict("-local-credentials-stdin", b, &creds)); err == nil && creds == nil { // null: no map
-		err = errors.New("-local-credentials-stdin: not a JSON object")
-	}
-	for p, key := range creds {
-		if info, ok := lookupProvider(p); err == nil && (!ok || info.cred != credDirect) {
-			err = fmt.Errorf("-local-credentials-stdin: %q is not a provider that takes a direct API key", p)
-		} else if creds[p] = strings.TrimSpace(key); err == nil && (creds[p] == "" || !printable(creds[p])) {
-			err = fmt.Errorf("-local-credentials-stdin: the API key for %q is empty or not one line of printable text", p)
-		}
-	}
-	return creds, err
-}
-
 // Tests replace the serving process's clock and shorten the stream keep-alive interval.
 var (
 	testingOnlyNow       func() time.Time
@@ -145,7 +125,6 @@ func serve(e *cliEnv, o opts, _ []string) error {
 	log, now := sy.log, sy.now
 	maxBody, bodyErr := envWhole(e.getenv, "BRAMA_MAX_REQUEST_BYTES", "bytes", 1, defaultMaxRequestBytes, 64)
 	guard, guardErr := newTransportGuard(e.getenv("BRAMA_TRUSTED_PROXY_IPS"))
-	localCreds, credsErr := readLocalCredentials(o.b("local-credentials-stdin"), e.in)
 	addr := o.s("addr")
 	_, port, addrErr := net.SplitHostPort(addr) // net.Listen would take no port for a random one
 	if _, err := net.LookupPort("tcp", port); addrErr == nil && (port == "" || err != nil) {
@@ -154,8 +133,22 @@ func serve(e *cliEnv, o opts, _ []string) error {
 	if addrErr != nil {
 		addrErr = &usageError{msg: fmt.Sprintf("-addr %q is not HOST:PORT to listen on (e.g. 127.0.0.1:8080): %v", addr, addrErr)}
 	}
-	if err := cmp.Or(addrErr, bodyErr, guardErr, credsErr); err != nil {
+	if err := cmp.Or(addrErr, bodyErr, guardErr); err != nil {
 		return err
+	}
+	var localCreds map[string]string // {"provider":"api key",…} from stdin, keys trimmed; nil: the vault's are read
+	if o.b("local-credentials-stdin") {
+		b, err := io.ReadAll(e.in)
+		if err = cmp.Or(err, decodeStrict("-local-credentials-stdin", b, &localCreds)); err != nil || localCreds == nil {
+			return cmp.Or(err, errors.New("-local-credentials-stdin: not a JSON object")) // null: no map
+		}
+		for p, key := range localCreds {
+			if info, ok := lookupProvider(p); !ok || info.cred != credDirect {
+				return fmt.Errorf("-local-credentials-stdin: %q is not a provider that takes a direct API key", p)
+			} else if localCreds[p] = strings.TrimSpace(key); localCreds[p] == "" || !printable(localCreds[p]) {
+				return fmt.Errorf("-local-credentials-stdin: the API key for %q is empty or not one line of printable text", p)
+			}
+		}
 	}
 	signal.Ignore(syscall.SIGPIPE) // a log reader gone (`serve 2>&1 | logger`) ends no generation: its lines are lost
 	d := openDeps(e.getenv, sy)

@@ -61,7 +61,7 @@ func (s *server) routes() {
 	handle("POST /v1/messages", s.handleModel(dialectMessages, false))
 	handle("POST /v1/messages/count_tokens", s.handleModel(dialectMessages, true))
 	handle("POST /v1/responses", s.handleModel(dialectResponses, false))
-	handle("POST /v1/embeddings", s.handleEmbeddings)
+	handle("POST /v1/embeddings", s.handleModel("embeddings", true))
 	// Aliases, then a provider's catalogue models when a direct key, or the caller's agent's subscription, can serve them.
 	handle("GET /v1/models", reply(200, false, func(r *http.Request, _ *struct{}) (any, error) {
 		ri, data := infoFrom(r.Context()), []listedModel{}
@@ -505,8 +505,9 @@ func (s *server) credentialChanged(it overlayItem) {
 }
 
 // handleModel serves a chat route: read the head, resolve, pay, call; the whole body is parsed only to translate
-// (SPEC §7.6). count_tokens (SPEC §15) resolves as /v1/messages does, §6.4's max_tokens rule aside.
-func (s *server) handleModel(dialect string, count bool) handler {
+// (SPEC §7.6). oneCall routes make one planned call (SPEC §15): count_tokens resolves as /v1/messages does, §6.4's
+// max_tokens rule aside; embeddings take a direct or alias route to an openai-chat provider, its JSON returned as is.
+func (s *server) handleModel(dialect string, oneCall bool) handler {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		ri := infoFrom(r.Context())
 		req, err := readCallerRequest(dialect, r, ri.body)
@@ -514,8 +515,8 @@ func (s *server) handleModel(dialect string, count bool) handler {
 			return err
 		}
 		e, c, cands := &engine{core: &s.core, agent: ri.client.AgentID, t: &ri.tally}, call{}, []resolution(nil)
-		ri.requestedModel, ri.streamed = req.head.Model, req.head.Stream && !count
-		if count {
+		ri.requestedModel, ri.streamed = req.head.Model, req.head.Stream && !oneCall
+		if oneCall {
 			c, err = e.plan(ri.client, &req.head)
 		} else {
 			c, cands, err = e.planChat(ri.client, req)
@@ -523,8 +524,12 @@ func (s *server) handleModel(dialect string, count bool) handler {
 		switch ri.routingMode, ri.route = c.res.Mode, c.res.Route; {
 		case err != nil:
 			return err
-		case count:
-			return e.serveModelCall(r.Context(), w, req, nil, c)
+		case oneCall:
+			var embed map[string]json.RawMessage // nil: count_tokens
+			if dialect == "embeddings" {
+				json.Unmarshal(ri.body, &embed) // an object: readCallerRequest checked
+			}
+			return e.serveModelCall(r.Context(), w, req, embed, c)
 		}
 		route := func(w http.ResponseWriter) {
 			if ae := e.serveChat(r.Context(), w, req, c, cands); ae != nil {
@@ -548,21 +553,4 @@ func (s *server) handleModel(dialect string, count bool) handler {
 		route(w)
 		return nil
 	}
-}
-
-// handleEmbeddings serves POST /v1/embeddings: a direct or alias route to an openai-chat provider, its JSON returned
-// as is (SPEC §15).
-func (s *server) handleEmbeddings(w http.ResponseWriter, r *http.Request) error {
-	ri, body, head := infoFrom(r.Context()), map[string]json.RawMessage(nil), chatRequest{}
-	if json.Unmarshal(ri.body, &body) != nil || body == nil {
-		return refuse("invalid_request", "the body must be a JSON object")
-	} else if json.Unmarshal(body["model"], &head.Model) != nil || head.Model == "" {
-		return refuse("invalid_request", "model must be a non-empty string")
-	}
-	e := &engine{core: &s.core, agent: ri.client.AgentID, t: &ri.tally}
-	c, err := e.plan(ri.client, &head)
-	if ri.requestedModel, ri.routingMode, ri.route = head.Model, c.res.Mode, c.res.Route; err != nil {
-		return err
-	}
-	return e.serveModelCall(r.Context(), w, &callerRequest{head: head}, body, c)
 }
