@@ -20,7 +20,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -52,22 +51,6 @@ func main() {
 		}()
 	}
 	os.Exit(exitCode(run(ctx, cut, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr), os.Stderr))
-}
-
-// run is the whole program: one command of the table, returning once every goroutine it started has.
-func run(ctx context.Context, cut <-chan struct{}, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
-	e := &cliEnv{ctx: ctx, cut: cut, getenv: getenv, in: bufio.NewReader(stdin), stdout: stdout, stderr: stderr}
-	switch {
-	case len(args) == 0:
-		help(stderr)
-		return &usageError{msg: "want a command"}
-	case slices.Contains([]string{"help", "-h", "-help", "--help"}, args[0]):
-		help(stdout)
-		return nil
-	case args[0] == "-version" || args[0] == "--version":
-		args = append([]string{"version"}, args[1:]...)
-	}
-	return e.runCommand(args)
 }
 
 // usageError is a command line Brama could not understand (exit 2).

@@ -126,6 +126,18 @@ func (s *server) routes() {
 	})
 	handle("PUT /v1/admin/routes", setRoute)
 	handle("DELETE /v1/admin/routes", setRoute)
+	// DELETE retires (the reason in the query, by default who retired it); POST …/reinstate puts back (the reason in the body).
+	setRetired := reply(200, false, func(r *http.Request, b *struct {
+		Reason string `json:"reason"`
+	}) (any, error) {
+		kind, reason := "reinstate", b.Reason
+		if r.Method == "DELETE" {
+			kind, reason = "retire", cmp.Or(r.URL.Query().Get("reason"), "retired by "+infoFrom(r.Context()).client.ID)
+		}
+		err := s.inv.setRetired(kind, r.PathValue("agent_id"), r.PathValue("subscription_id"), reason)
+		s.maint.changed() // after the write: a pass between would cache the old state
+		return map[string]bool{"ok": true}, err
+	})
 	for _, p := range []string{"/v1/subscriptions/{agent_id}", "/v1/admin/subscriptions/{agent_id}"} {
 		handle("GET "+p, reply(200, false, func(r *http.Request, _ *struct{}) (any, error) {
 			rows, err := s.inv.list(r.PathValue("agent_id"))
@@ -144,21 +156,9 @@ func (s *server) routes() {
 			return map[string]donatedSubscription{"subscription": {ID: it.ID, Provider: it.Provider, AgentID: it.AgentID,
 				Label: it.Label, Status: "active"}}, nil
 		}))
-		handle("DELETE "+p+"/{subscription_id}", reply(200, false, func(r *http.Request, _ *struct{}) (any, error) {
-			reason := cmp.Or(r.URL.Query().Get("reason"), "retired by "+infoFrom(r.Context()).client.ID)
-			return map[string]bool{"ok": true}, s.inv.setRetired("retire", r.PathValue("agent_id"), r.PathValue("subscription_id"), reason)
-		}))
+		handle("DELETE "+p+"/{subscription_id}", setRetired)
 	}
-	handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate",
-		reply(200, true, func(r *http.Request, b *struct {
-			Reason string `json:"reason"`
-		}) (any, error) {
-			err := s.inv.setRetired("reinstate", r.PathValue("agent_id"), r.PathValue("subscription_id"), b.Reason)
-			if err == nil {
-				s.maint.changed()
-			}
-			return map[string]bool{"ok": true}, err
-		}))
+	handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate", setRetired)
 	handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential",
 		reply(200, true, func(r *http.Request, b *vaultCredential) (any, error) {
 			it, err := s.inv.store(overlayItem{AgentID: r.PathValue("agent_id"), ID: r.PathValue("subscription_id")},
