@@ -282,8 +282,8 @@ func (e *cliEnv) bearer() error {
 	return nil
 }
 
-// call sends one admin request (body nil: none) and returns the success body, decoded into out unless out is nil; a
-// non-2xx answer is an error quoting the envelope. No time limit of Brama's own (a pass may wait on token
+// call sends one admin request (body nil: none) and returns the success body, decoded into out unless out is nil;
+// any other answer is an error quoting the envelope. No time limit of Brama's own (a pass may wait on token
 // endpoints); one SIGINT ends the command (SPEC §17).
 func (e *cliEnv) call(method, path string, body, out any) ([]byte, error) {
 	var rd io.Reader
@@ -309,12 +309,10 @@ func (e *cliEnv) call(method, path string, body, out any) ([]byte, error) {
 		return nil, fmt.Errorf("reading the gateway's answer: %w", err)
 	case resp.StatusCode/100 == 2 && (out == nil || json.Unmarshal(b, out) == nil):
 		return b, nil
-	case resp.StatusCode/100 == 2:
-		return nil, fmt.Errorf("the gateway's answer is not what %s %s answers: %s", method, path, truncateUTF8(string(b), 200))
-	case json.Unmarshal(b, &env) != nil || env.Error.Code == "":
-		env.Error.Code, env.Error.Message = "unknown", "the answer is not a Brama error envelope"
+	case resp.StatusCode/100 == 2 || json.Unmarshal(b, &env) != nil || env.Error.Code == "":
+		env.Error.Code, env.Error.Message = "unknown", "not what Brama's "+method+" "+path+" answers"
 	}
-	return nil, fmt.Errorf("the gateway refused (%d %s): %s", resp.StatusCode, env.Error.Code, env.Error.Message)
+	return nil, fmt.Errorf("the gateway answered %d %s: %s", resp.StatusCode, env.Error.Code, env.Error.Message)
 }
 
 const onboardFile, onboardRole = "onboarding.json", "onboarding progress"
