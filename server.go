@@ -281,10 +281,9 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch h, pattern := s.mux.Handler(r); {
 	case !s.guard.allows(r):
 		s.fail(ri, r, refuse("secure_transport_required", "this listener accepts plain HTTP only from loopback or a trusted proxy that received https"))
-	case r.RequestURI == "*" || r.URL.EscapedPath() != path.Clean(r.URL.EscapedPath()):
+	case r.RequestURI == "*" || r.URL.EscapedPath() != path.Clean(r.URL.EscapedPath()) || pattern == "":
 		// OPTIONS * names the server (RFC 9110 §9.3.7); an unclean path (//, ., ..) would get the mux's own 307 in HTML.
-		s.fail(ri, r, refuse("not_found", "no route for %s", r.URL.Path))
-	case pattern == "": // say in the envelope what the mux would answer: 404, or 405 with Allow
+		// Else say in the envelope what the mux would answer: 404, or 405 with Allow.
 		rec, err := httptest.NewRecorder(), refuse("not_found", "no route for %s", r.URL.Path)
 		if h.ServeHTTP(rec, r); rec.Code == http.StatusMethodNotAllowed {
 			ri.Header()["Allow"] = rec.Header()["Allow"]
