@@ -158,8 +158,7 @@ func serve(e *cliEnv, o opts, _ []string) error {
 	s := &server{guard: guard, maxBody: maxBody, answers: newAnswerStore(d.st, log, now),
 		replay: newReplayGuard(e.getenv, log, now), core: core{deps: d, sys: sy, getenv: e.getenv, client: client,
 			keepAlive: testingOnlyKeepAlive, catalog: newCatalog(d.st, e.getenv, client, log, now), perf: newPerfRegistry(d.st, sy),
-			ledger: ledger, inv: inv, oauth: oauth, maint: newMaintainer(inv, oauth),
-			localCreds: localCreds}}
+			ledger: ledger, inv: inv, oauth: oauth, maint: newMaintainer(inv, oauth), localCreds: localCreds}}
 	ln, err := net.Listen("tcp", addr) // before the first client: its token is shown once, not to a start that fails
 	if err != nil {
 		return err
