@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bufio"
 	"cmp"
+	"context"
 	"crypto/hmac"
 	"encoding/json"
 	"errors"
@@ -232,8 +234,62 @@ func commands() []command {
 				_, err := e.call("POST", subscriptionPath(o.s("agent"), p[0], "reinstate"), map[string]string{"reason": o.s("reason")}, nil)
 				return e.say(err, "reinstated %s\n", p[0])
 			}},
-		{name: "subscription import", args: "-provider claude-code|codex -from FILE -agent A [-label L]", need: []string{"provider", "from", "agent"}, purpose: "hand a Claude Code or Codex CLI grant over to Brama", example: "brama subscription import -provider claude-code -from ~/.claude/.credentials.json -agent a1", run: subscriptionImport, flags: []flagSpec{gateway, signIn, {"from", "", "the tool's credential `file` (~/.claude/.credentials.json, ~/.codex/auth.json)"}, agent("the `agent` that receives the grant"), label}},
-		{name: "subscription sign-in", args: "-provider claude-code|codex -agent A [-id ID | -label L]", need: []string{"provider", "agent"}, purpose: "sign in with the provider (PKCE): the URL on stderr, the pasted code from stdin; replaces -id's grant or donates a new subscription", example: "BRAMA_TOKEN=$T brama subscription sign-in -provider claude-code -agent a1", run: subscriptionSignIn, flags: []flagSpec{gateway, signIn, agent("the `agent` that owns (or receives) the subscription"), {"id", "", "replace the credential of this subscription `id` instead of donating a new one"}, {"label", "", "a `label` for a new subscription"}}},
+		{name: "subscription import", args: "-provider claude-code|codex -from FILE -agent A [-label L]", need: []string{"provider", "from", "agent"}, purpose: "hand a Claude Code or Codex CLI grant over to Brama", example: "brama subscription import -provider claude-code -from ~/.claude/.credentials.json -agent a1", flags: []flagSpec{gateway, signIn, {"from", "", "the tool's credential `file` (~/.claude/.credentials.json, ~/.codex/auth.json)"}, agent("the `agent` that receives the grant"), label},
+			run: func(e *cliEnv, o opts, _ []string) error { // the credential file is read before the bearer
+				provider, tool := o.s("provider"), importFiles[o.s("provider")].tool
+				if tool == "" {
+					return &usageError{msg: fmt.Sprintf("-provider %q: import reads claude-code or codex credential files", provider)}
+				}
+				b, err := os.ReadFile(o.s("from"))
+				if err != nil {
+					return err
+				}
+				g, err := parseImportFile(provider, b)
+				if err != nil {
+					return fmt.Errorf("%s: %w", o.s("from"), err)
+				} else if err = e.donate(o.s("agent"), "", donation{Provider: provider, Label: o.s("label"), OAuth: &g}); err == nil { // a refresh rotates the shared grant
+					fmt.Fprintf(e.stderr, "brama: %s and Brama now share one grant: after Brama's first refresh, %[1]s will need to sign in again; "+
+						"and if %[1]s refreshes first, Brama's copy stops working until `brama subscription sign-in` replaces it.\n", tool)
+				}
+				return err
+			}},
+		{name: "subscription sign-in", args: "-provider claude-code|codex -agent A [-id ID | -label L]", need: []string{"provider", "agent"}, purpose: "sign in with the provider (PKCE): the URL on stderr, the pasted code from stdin; replaces -id's grant or donates a new subscription", example: "BRAMA_TOKEN=$T brama subscription sign-in -provider claude-code -agent a1", flags: []flagSpec{gateway, signIn, agent("the `agent` that owns (or receives) the subscription"), {"id", "", "replace the credential of this subscription `id` instead of donating a new one"}, {"label", "", "a `label` for a new subscription"}},
+			// The URL on stderr, the pasted code from stdin, exchanged here, the grant handed to the daemon; the verifier, the
+			// code and the tokens are never printed. The command line, the gateway, the bearer and -id are checked first: a
+			// code is good once and for minutes only.
+			run: func(e *cliEnv, o opts, _ []string) error {
+				provider, agent, id := o.s("provider"), o.s("agent"), o.s("id")
+				pending, err := newSignIn(provider)
+				if err != nil {
+					return &usageError{msg: fmt.Sprintf("-provider %q has no sign-in (claude-code or codex); donate its grant or replace it with PUT …/credential", provider)}
+				} else if id != "" && o.s("label") != "" {
+					return &usageError{msg: "-label names a new subscription; with -id the subscription keeps its label"}
+				}
+				var l struct{ Subscriptions []subscriptionRow }
+				if _, err := e.call("GET", subscriptionPath(agent), nil, &l); err != nil {
+					return err
+				} else if id != "" && !slices.ContainsFunc(l.Subscriptions, func(r subscriptionRow) bool {
+					return r.ID == id && r.Provider == provider && r.Status != "retired"
+				}) {
+					return fmt.Errorf("agent %q has no subscription %q that is %s and not retired; nothing to sign in", agent, id, provider)
+				}
+				fmt.Fprintf(e.stderr, "brama: open this URL, sign in, then paste the code (or the whole redirect URL) as the next line:\n%s\n", pending.url)
+				code := e.line()
+				if code == "" {
+					return errors.New("sign-in stopped: no authorization code on stdin")
+				}
+				oa := newOAuth(e.getenv, newProviderClient(), nil, nil, slog.New(slog.DiscardHandler), time.Now)
+				grant, err := oa.exchangeCode(e.ctx, pending, code)
+				if err != nil {
+					return fmt.Errorf("sign-in failed, nothing was stored: %w", err)
+				} else if id == "" {
+					return e.donate(agent, "?via="+signInVia, donation{Provider: provider, Label: o.s("label"), OAuth: &grant})
+				}
+				if _, err = e.call("PUT", subscriptionPath(agent, id, "credential"), vaultCredential{OAuth: &grant}, nil); err == nil {
+					fmt.Fprintf(e.stderr, "brama: signed in; subscription %s of agent %s has a new %s grant\n", id, agent, provider)
+				}
+				return e.say(err, "%s\n", id)
+			}},
 		{name: "subscription prune-orphans", args: "[-gateway URL]", flags: []flagSpec{gateway}, purpose: "remove the vault's subscription credentials no subscription names", example: "BRAMA_TOKEN=$T brama subscription prune-orphans",
 			run: func(e *cliEnv, _ opts, _ []string) error {
 				var body struct{ Removed []string }
@@ -313,19 +369,26 @@ func commands() []command {
 	}
 }
 
-// help lists every command with its purpose.
-func help(w io.Writer) {
-	fmt.Fprint(w, "usage: brama COMMAND [flags] [arguments]; brama COMMAND -h prints its flags and an example\n\n")
-	table(w, nil, "", func(yield func(...string)) {
-		for _, c := range commands() {
-			yield("  "+c.name, c.purpose)
+// run is the whole program, returning once every goroutine it started has: args' command (one word, or two for a
+// group's), flags and positionals in either order (SPEC §16.1); -h prints its help on stdout. No command or help
+// lists the table; an unknown command is a usage error naming the group's commands.
+func run(ctx context.Context, cut <-chan struct{}, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
+	e := &cliEnv{ctx: ctx, cut: cut, getenv: getenv, in: bufio.NewReader(stdin), stdout: stdout, stderr: stderr}
+	if len(args) == 0 || slices.Contains([]string{"help", "-h", "-help", "--help"}, args[0]) {
+		w, err := stdout, error(nil)
+		if len(args) == 0 {
+			w, err = stderr, &usageError{msg: "want a command"}
 		}
-	})
-}
-
-// runCommand runs args' command (one word, or two for a group's), flags and positionals in either order (SPEC §16.1);
-// -h prints its help on stdout. An unknown command is a usage error naming the group's commands.
-func (e *cliEnv) runCommand(args []string) error {
+		fmt.Fprint(w, "usage: brama COMMAND [flags] [arguments]; brama COMMAND -h prints its flags and an example\n\n")
+		table(w, nil, "", func(yield func(...string)) {
+			for _, c := range commands() {
+				yield("  "+c.name, c.purpose)
+			}
+		})
+		return err
+	} else if args[0] == "-version" || args[0] == "--version" {
+		args = append([]string{"version"}, args[1:]...)
+	}
 	c, subs, pos, err := command{}, []string(nil), []string(nil), error(nil)
 	for _, row := range commands() {
 		if words := strings.Fields(row.name); len(args) >= len(words) && slices.Equal(words, args[:len(words)]) {
@@ -464,26 +527,6 @@ next due: {{with .NextDueAt}}{{.}}{{else}}nothing due{{end}}
 // importFiles are the credential files import reads: the tool that keeps one, the object holding the grant.
 var importFiles = map[string]struct{ tool, object string }{"claude-code": {"Claude Code", "claudeAiOauth"}, "codex": {"the Codex CLI", "tokens"}}
 
-// subscriptionImport donates the grant of a Claude Code or Codex CLI credential file, read before the bearer.
-func subscriptionImport(e *cliEnv, o opts, _ []string) error {
-	provider, tool := o.s("provider"), importFiles[o.s("provider")].tool
-	if tool == "" {
-		return &usageError{msg: fmt.Sprintf("-provider %q: import reads claude-code or codex credential files", provider)}
-	}
-	b, err := os.ReadFile(o.s("from"))
-	if err != nil {
-		return err
-	}
-	g, err := parseImportFile(provider, b)
-	if err != nil {
-		return fmt.Errorf("%s: %w", o.s("from"), err)
-	} else if err = e.donate(o.s("agent"), "", donation{Provider: provider, Label: o.s("label"), OAuth: &g}); err == nil { // a refresh rotates the shared grant
-		fmt.Fprintf(e.stderr, "brama: %s and Brama now share one grant: after Brama's first refresh, %[1]s will need to sign in again; "+
-			"and if %[1]s refreshes first, Brama's copy stops working until `brama subscription sign-in` replaces it.\n", tool)
-	}
-	return err
-}
-
 // errImportFile marks a credential file import cannot use.
 var errImportFile = errors.New("not a usable credential file")
 
@@ -518,41 +561,4 @@ func parseImportFile(provider string, b []byte) (oauthGrant, error) {
 		}
 	}
 	return oauthGrant{}, fmt.Errorf("%w: %w", errImportFile, err)
-}
-
-// subscriptionSignIn prints the authorize URL on stderr, reads the pasted code from stdin, exchanges it here, then
-// hands the grant to the daemon; the verifier, the code and the tokens are never printed. The command line, the
-// gateway, the bearer and -id are checked first: a code is good once and for minutes only.
-func subscriptionSignIn(e *cliEnv, o opts, _ []string) error {
-	provider, agent, id := o.s("provider"), o.s("agent"), o.s("id")
-	pending, err := newSignIn(provider)
-	if err != nil {
-		return &usageError{msg: fmt.Sprintf("-provider %q has no sign-in (claude-code or codex); donate its grant or replace it with PUT …/credential", provider)}
-	} else if id != "" && o.s("label") != "" {
-		return &usageError{msg: "-label names a new subscription; with -id the subscription keeps its label"}
-	}
-	var l struct{ Subscriptions []subscriptionRow }
-	if _, err := e.call("GET", subscriptionPath(agent), nil, &l); err != nil {
-		return err
-	} else if id != "" && !slices.ContainsFunc(l.Subscriptions, func(r subscriptionRow) bool {
-		return r.ID == id && r.Provider == provider && r.Status != "retired"
-	}) {
-		return fmt.Errorf("agent %q has no subscription %q that is %s and not retired; nothing to sign in", agent, id, provider)
-	}
-	fmt.Fprintf(e.stderr, "brama: open this URL, sign in, then paste the code (or the whole redirect URL) as the next line:\n%s\n", pending.url)
-	code := e.line()
-	if code == "" {
-		return errors.New("sign-in stopped: no authorization code on stdin")
-	}
-	oa := newOAuth(e.getenv, newProviderClient(), nil, nil, slog.New(slog.DiscardHandler), time.Now)
-	grant, err := oa.exchangeCode(e.ctx, pending, code)
-	if err != nil {
-		return fmt.Errorf("sign-in failed, nothing was stored: %w", err)
-	} else if id == "" {
-		return e.donate(agent, "?via="+signInVia, donation{Provider: provider, Label: o.s("label"), OAuth: &grant})
-	}
-	if _, err = e.call("PUT", subscriptionPath(agent, id, "credential"), vaultCredential{OAuth: &grant}, nil); err == nil {
-		fmt.Fprintf(e.stderr, "brama: signed in; subscription %s of agent %s has a new %s grant\n", id, agent, provider)
-	}
-	return e.say(err, "%s\n", id)
 }

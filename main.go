@@ -20,7 +20,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -52,22 +51,6 @@ func main() {
 		}()
 	}
 	os.Exit(exitCode(run(ctx, cut, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr), os.Stderr))
-}
-
-// run is the whole program: one command of the table, returning once every goroutine it started has.
-func run(ctx context.Context, cut <-chan struct{}, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
-	e := &cliEnv{ctx: ctx, cut: cut, getenv: getenv, in: bufio.NewReader(stdin), stdout: stdout, stderr: stderr}
-	switch {
-	case len(args) == 0:
-		help(stderr)
-		return &usageError{msg: "want a command"}
-	case slices.Contains([]string{"help", "-h", "-help", "--help"}, args[0]):
-		help(stdout)
-		return nil
-	case args[0] == "-version" || args[0] == "--version":
-		args = append([]string{"version"}, args[1:]...)
-	}
-	return e.runCommand(args)
 }
 
 // usageError is a command line Brama could not understand (exit 2).
@@ -110,26 +93,6 @@ func openDeps(getenv func(string) string, sy sys) deps {
 	return deps{st, newVault(vpath, verr), j, newRegistry(rpath, rerr, j, sy.log), clients}
 }
 
-// readLocalCredentials reads `{"provider":"api key",…}` from stdin when asked, keys trimmed; nil: the vault's are read.
-func readLocalCredentials(asked bool, r io.Reader) (map[string]string, error) {
-	if !asked {
-		return nil, nil
-	}
-	b, err := io.ReadAll(r)
-	var creds map[string]string
-	if err = cmp.Or(err, decodeStrict("-local-credentials-stdin", b, &creds)); err == nil && creds == nil { // null: no map
-		err = errors.New("-local-credentials-stdin: not a JSON object")
-	}
-	for p, key := range creds {
-		if info, ok := lookupProvider(p); err == nil && (!ok || info.cred != credDirect) {
-			err = fmt.Errorf("-local-credentials-stdin: %q is not a provider that takes a direct API key", p)
-		} else if creds[p] = strings.TrimSpace(key); err == nil && (creds[p] == "" || !printable(creds[p])) {
-			err = fmt.Errorf("-local-credentials-stdin: the API key for %q is empty or not one line of printable text", p)
-		}
-	}
-	return creds, err
-}
-
 // Tests replace the serving process's clock and shorten the stream keep-alive interval.
 var (
 	testingOnlyNow       func() time.Time
@@ -145,7 +108,6 @@ func serve(e *cliEnv, o opts, _ []string) error {
 	log, now := sy.log, sy.now
 	maxBody, bodyErr := envWhole(e.getenv, "BRAMA_MAX_REQUEST_BYTES", "bytes", 1, defaultMaxRequestBytes, 64)
 	guard, guardErr := newTransportGuard(e.getenv("BRAMA_TRUSTED_PROXY_IPS"))
-	localCreds, credsErr := readLocalCredentials(o.b("local-credentials-stdin"), e.in)
 	addr := o.s("addr")
 	_, port, addrErr := net.SplitHostPort(addr) // net.Listen would take no port for a random one
 	if _, err := net.LookupPort("tcp", port); addrErr == nil && (port == "" || err != nil) {
@@ -154,8 +116,22 @@ func serve(e *cliEnv, o opts, _ []string) error {
 	if addrErr != nil {
 		addrErr = &usageError{msg: fmt.Sprintf("-addr %q is not HOST:PORT to listen on (e.g. 127.0.0.1:8080): %v", addr, addrErr)}
 	}
-	if err := cmp.Or(addrErr, bodyErr, guardErr, credsErr); err != nil {
+	if err := cmp.Or(addrErr, bodyErr, guardErr); err != nil {
 		return err
+	}
+	var localCreds map[string]string // {"provider":"api key",…} from stdin, keys trimmed; nil: the vault's are read
+	if o.b("local-credentials-stdin") {
+		b, err := io.ReadAll(e.in)
+		if err = cmp.Or(err, decodeStrict("-local-credentials-stdin", b, &localCreds)); err != nil || localCreds == nil {
+			return cmp.Or(err, errors.New("-local-credentials-stdin: not a JSON object")) // null: no map
+		}
+		for p, key := range localCreds {
+			if info, ok := lookupProvider(p); !ok || info.cred != credDirect {
+				return fmt.Errorf("-local-credentials-stdin: %q is not a provider that takes a direct API key", p)
+			} else if localCreds[p] = strings.TrimSpace(key); localCreds[p] == "" || !printable(localCreds[p]) {
+				return fmt.Errorf("-local-credentials-stdin: the API key for %q is empty or not one line of printable text", p)
+			}
+		}
 	}
 	signal.Ignore(syscall.SIGPIPE) // a log reader gone (`serve 2>&1 | logger`) ends no generation: its lines are lost
 	d := openDeps(e.getenv, sy)
@@ -182,8 +158,7 @@ func serve(e *cliEnv, o opts, _ []string) error {
 	s := &server{guard: guard, maxBody: maxBody, answers: newAnswerStore(d.st, log, now),
 		replay: newReplayGuard(e.getenv, log, now), core: core{deps: d, sys: sy, getenv: e.getenv, client: client,
 			keepAlive: testingOnlyKeepAlive, catalog: newCatalog(d.st, e.getenv, client, log, now), perf: newPerfRegistry(d.st, sy),
-			ledger: ledger, inv: inv, oauth: oauth, maint: newMaintainer(inv, oauth),
-			localCreds: localCreds}}
+			ledger: ledger, inv: inv, oauth: oauth, maint: newMaintainer(inv, oauth), localCreds: localCreds}}
 	ln, err := net.Listen("tcp", addr) // before the first client: its token is shown once, not to a start that fails
 	if err != nil {
 		return err
@@ -306,8 +281,8 @@ func (e *cliEnv) bearer() error {
 	return nil
 }
 
-// call sends one admin request (body nil: none) and returns the success body, decoded into out unless out is nil; a
-// non-2xx answer is an error quoting the envelope. No time limit of Brama's own (a pass may wait on token
+// call sends one admin request (body nil: none) and returns the success body, decoded into out unless out is nil;
+// any other answer is an error quoting the envelope. No time limit of Brama's own (a pass may wait on token
 // endpoints); one SIGINT ends the command (SPEC §17).
 func (e *cliEnv) call(method, path string, body, out any) ([]byte, error) {
 	var rd io.Reader
@@ -333,12 +308,10 @@ func (e *cliEnv) call(method, path string, body, out any) ([]byte, error) {
 		return nil, fmt.Errorf("reading the gateway's answer: %w", err)
 	case resp.StatusCode/100 == 2 && (out == nil || json.Unmarshal(b, out) == nil):
 		return b, nil
-	case resp.StatusCode/100 == 2:
-		return nil, fmt.Errorf("the gateway's answer is not what %s %s answers: %s", method, path, truncateUTF8(string(b), 200))
-	case json.Unmarshal(b, &env) != nil || env.Error.Code == "":
-		env.Error.Code, env.Error.Message = "unknown", "the answer is not a Brama error envelope"
+	case resp.StatusCode/100 == 2 || json.Unmarshal(b, &env) != nil || env.Error.Code == "":
+		env.Error.Code, env.Error.Message = "unknown", "not what Brama's "+method+" "+path+" answers"
 	}
-	return nil, fmt.Errorf("the gateway refused (%d %s): %s", resp.StatusCode, env.Error.Code, env.Error.Message)
+	return nil, fmt.Errorf("the gateway answered %d %s: %s", resp.StatusCode, env.Error.Code, env.Error.Message)
 }
 
 const onboardFile, onboardRole = "onboarding.json", "onboarding progress"

@@ -61,7 +61,7 @@ func (s *server) routes() {
 	handle("POST /v1/messages", s.handleModel(dialectMessages, false))
 	handle("POST /v1/messages/count_tokens", s.handleModel(dialectMessages, true))
 	handle("POST /v1/responses", s.handleModel(dialectResponses, false))
-	handle("POST /v1/embeddings", s.handleEmbeddings)
+	handle("POST /v1/embeddings", s.handleModel("embeddings", true))
 	// Aliases, then a provider's catalogue models when a direct key, or the caller's agent's subscription, can serve them.
 	handle("GET /v1/models", reply(200, false, func(r *http.Request, _ *struct{}) (any, error) {
 		ri, data := infoFrom(r.Context()), []listedModel{}
@@ -126,6 +126,18 @@ func (s *server) routes() {
 	})
 	handle("PUT /v1/admin/routes", setRoute)
 	handle("DELETE /v1/admin/routes", setRoute)
+	// DELETE retires (the reason in the query, by default who retired it); POST …/reinstate puts back (the reason in the body).
+	setRetired := reply(200, false, func(r *http.Request, b *struct {
+		Reason string `json:"reason"`
+	}) (any, error) {
+		kind, reason := "reinstate", b.Reason
+		if r.Method == "DELETE" {
+			kind, reason = "retire", cmp.Or(r.URL.Query().Get("reason"), "retired by "+infoFrom(r.Context()).client.ID)
+		}
+		err := s.inv.setRetired(kind, r.PathValue("agent_id"), r.PathValue("subscription_id"), reason)
+		s.maint.changed() // after the write: a pass between would cache the old state
+		return map[string]bool{"ok": true}, err
+	})
 	for _, p := range []string{"/v1/subscriptions/{agent_id}", "/v1/admin/subscriptions/{agent_id}"} {
 		handle("GET "+p, reply(200, false, func(r *http.Request, _ *struct{}) (any, error) {
 			rows, err := s.inv.list(r.PathValue("agent_id"))
@@ -144,21 +156,9 @@ func (s *server) routes() {
 			return map[string]donatedSubscription{"subscription": {ID: it.ID, Provider: it.Provider, AgentID: it.AgentID,
 				Label: it.Label, Status: "active"}}, nil
 		}))
-		handle("DELETE "+p+"/{subscription_id}", reply(200, false, func(r *http.Request, _ *struct{}) (any, error) {
-			reason := cmp.Or(r.URL.Query().Get("reason"), "retired by "+infoFrom(r.Context()).client.ID)
-			return map[string]bool{"ok": true}, s.inv.setRetired("retire", r.PathValue("agent_id"), r.PathValue("subscription_id"), reason)
-		}))
+		handle("DELETE "+p+"/{subscription_id}", setRetired)
 	}
-	handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate",
-		reply(200, true, func(r *http.Request, b *struct {
-			Reason string `json:"reason"`
-		}) (any, error) {
-			err := s.inv.setRetired("reinstate", r.PathValue("agent_id"), r.PathValue("subscription_id"), b.Reason)
-			if err == nil {
-				s.maint.changed()
-			}
-			return map[string]bool{"ok": true}, err
-		}))
+	handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/reinstate", setRetired)
 	handle("PUT /v1/admin/subscriptions/{agent_id}/{subscription_id}/credential",
 		reply(200, true, func(r *http.Request, b *vaultCredential) (any, error) {
 			it, err := s.inv.store(overlayItem{AgentID: r.PathValue("agent_id"), ID: r.PathValue("subscription_id")},
@@ -281,10 +281,9 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch h, pattern := s.mux.Handler(r); {
 	case !s.guard.allows(r):
 		s.fail(ri, r, refuse("secure_transport_required", "this listener accepts plain HTTP only from loopback or a trusted proxy that received https"))
-	case r.RequestURI == "*" || r.URL.EscapedPath() != path.Clean(r.URL.EscapedPath()):
+	case r.RequestURI == "*" || r.URL.EscapedPath() != path.Clean(r.URL.EscapedPath()) || pattern == "":
 		// OPTIONS * names the server (RFC 9110 §9.3.7); an unclean path (//, ., ..) would get the mux's own 307 in HTML.
-		s.fail(ri, r, refuse("not_found", "no route for %s", r.URL.Path))
-	case pattern == "": // say in the envelope what the mux would answer: 404, or 405 with Allow
+		// Else say in the envelope what the mux would answer: 404, or 405 with Allow.
 		rec, err := httptest.NewRecorder(), refuse("not_found", "no route for %s", r.URL.Path)
 		if h.ServeHTTP(rec, r); rec.Code == http.StatusMethodNotAllowed {
 			ri.Header()["Allow"] = rec.Header()["Allow"]
@@ -505,8 +504,9 @@ func (s *server) credentialChanged(it overlayItem) {
 }
 
 // handleModel serves a chat route: read the head, resolve, pay, call; the whole body is parsed only to translate
-// (SPEC §7.6). count_tokens (SPEC §15) resolves as /v1/messages does, §6.4's max_tokens rule aside.
-func (s *server) handleModel(dialect string, count bool) handler {
+// (SPEC §7.6). oneCall routes make one planned call (SPEC §15): count_tokens resolves as /v1/messages does, §6.4's
+// max_tokens rule aside; embeddings take a direct or alias route to an openai-chat provider, its JSON returned as is.
+func (s *server) handleModel(dialect string, oneCall bool) handler {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		ri := infoFrom(r.Context())
 		req, err := readCallerRequest(dialect, r, ri.body)
@@ -514,8 +514,8 @@ func (s *server) handleModel(dialect string, count bool) handler {
 			return err
 		}
 		e, c, cands := &engine{core: &s.core, agent: ri.client.AgentID, t: &ri.tally}, call{}, []resolution(nil)
-		ri.requestedModel, ri.streamed = req.head.Model, req.head.Stream && !count
-		if count {
+		ri.requestedModel, ri.streamed = req.head.Model, req.head.Stream && !oneCall
+		if oneCall {
 			c, err = e.plan(ri.client, &req.head)
 		} else {
 			c, cands, err = e.planChat(ri.client, req)
@@ -523,8 +523,12 @@ func (s *server) handleModel(dialect string, count bool) handler {
 		switch ri.routingMode, ri.route = c.res.Mode, c.res.Route; {
 		case err != nil:
 			return err
-		case count:
-			return e.serveModelCall(r.Context(), w, req, nil, c)
+		case oneCall:
+			var embed map[string]json.RawMessage // nil: count_tokens
+			if dialect == "embeddings" {
+				json.Unmarshal(ri.body, &embed) // an object: readCallerRequest checked
+			}
+			return e.serveModelCall(r.Context(), w, req, embed, c)
 		}
 		route := func(w http.ResponseWriter) {
 			if ae := e.serveChat(r.Context(), w, req, c, cands); ae != nil {
@@ -548,21 +552,4 @@ func (s *server) handleModel(dialect string, count bool) handler {
 		route(w)
 		return nil
 	}
-}
-
-// handleEmbeddings serves POST /v1/embeddings: a direct or alias route to an openai-chat provider, its JSON returned
-// as is (SPEC §15).
-func (s *server) handleEmbeddings(w http.ResponseWriter, r *http.Request) error {
-	ri, body, head := infoFrom(r.Context()), map[string]json.RawMessage(nil), chatRequest{}
-	if json.Unmarshal(ri.body, &body) != nil || body == nil {
-		return refuse("invalid_request", "the body must be a JSON object")
-	} else if json.Unmarshal(body["model"], &head.Model) != nil || head.Model == "" {
-		return refuse("invalid_request", "model must be a non-empty string")
-	}
-	e := &engine{core: &s.core, agent: ri.client.AgentID, t: &ri.tally}
-	c, err := e.plan(ri.client, &head)
-	if ri.requestedModel, ri.routingMode, ri.route = head.Model, c.res.Mode, c.res.Route; err != nil {
-		return err
-	}
-	return e.serveModelCall(r.Context(), w, &callerRequest{head: head}, body, c)
 }
