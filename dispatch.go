@@ -98,7 +98,7 @@ func (e *engine) plan(cl client, req *chatRequest) (call, error) {
 	if err != nil {
 		return call{}, err
 	}
-	c := call{res: res, baseURL: res.BaseURL}
+	c := call{res: res}
 	switch pool := res.Mode != modeDirect && res.Mode != modeAlias; {
 	case pool && e.agent == "":
 		err = refuse("forbidden", "this route is paid by an agent's subscriptions; use a bearer bound to an agent: brama clients add ID -agent AGENT")
@@ -109,18 +109,8 @@ func (e *engine) plan(cl client, req *chatRequest) (call, error) {
 		err = refuse("credential_unauthorized", "no direct credential for provider %q", res.Provider.id).withAttempts(0)
 	default:
 		c.cred.APIKey = key
-		c.baseURL, err = e.baseURL(res.Provider)
 	}
 	return c, err
-}
-
-// baseURL is p's, or the refusal of an unusable one (attempts as made).
-func (e *engine) baseURL(p providerInfo) (string, error) {
-	u, err := providerBaseURL(p, e.getenv)
-	if err != nil {
-		return "", refuse("dependency_unavailable", "provider %q has an unusable base URL: %v", p.id, err).withAttempts(e.t.attempts)
-	}
-	return u, nil
 }
 
 // planChat is plan plus a chat call's output limit (SPEC §6.4), a
@@ -183,8 +173,8 @@ candidates:
 			e.route = res.Route
 		}
 		queue, pays := []overlayItem{{}}, res.Mode != modeDirect && res.Mode != modeAlias // a direct key makes the one call
+		var err error
 		if pays {
-			var err error
 			switch queue = j.pool; {
 			case poolRefused[p.id]:
 				e.note(res.Route, "skipped: every "+p.id+" subscription already refused")
@@ -207,15 +197,16 @@ candidates:
 				}
 				creq = &limited
 			}
-			if cand.baseURL, err = e.baseURL(p); err != nil {
-				return asAPIError(err)
-			}
+		}
+		if cand.baseURL, err = providerBaseURL(p, e.getenv); res.BaseURL != "" { // a deployment's is its own
+			cand.baseURL = res.BaseURL
+		} else if err != nil {
+			return refuse("dependency_unavailable", "provider %q has an unusable base URL: %v", p.id, err).withAttempts(e.t.attempts)
 		}
 		begin, before, rejected := e.now(), e.t.attempts, false
 		for len(queue) > 0 && e.t.attempts-before < b.calls && !rejected { // a call that was not made ends the walk
 			c, sub := cand, &queue[0]
 			queue = queue[1:]
-			var err error
 			if !pays {
 				sub = nil
 			} else if c.cred, err = e.subscriptionCredential(ctx, j.kind, *sub, ""); errors.Is(err, errSkipSubscription) {

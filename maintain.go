@@ -281,7 +281,16 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) (rep passReport
 	}
 	// Reads run one at a time per provider, providers side by side (SPEC §17); refreshes side by side.
 	sideBySide(ctx, subs, func(s *passSub) string { return s.it.Provider }, m.readUsage)
-	sideBySide(ctx, subs, func(s *passSub) string { return s.it.ID }, m.refreshIfDue)
+	sideBySide(ctx, subs, func(s *passSub) string { return s.it.ID }, func(ctx context.Context, s *passSub) {
+		// The one attempt when its grant is due, unless its read spent it (the usage pass or a request may have refreshed it
+		// meanwhile); needs_reauthorization (set meanwhile too) waits for sign-in.
+		e := m.o.ledger.entry(s.it.ID)
+		cur, err := m.inv.credential(s.it.ID)
+		if s.oauth && !s.tried && e.Credential.State == credActive && err == nil && cur.OAuth != nil &&
+			refreshDue(*cur.OAuth, e.Credential.RefreshedAtMs, m.o.now()) {
+			m.refresh(ctx, s)
+		}
+	})
 	if err == nil && ctx.Err() != nil { // what it skipped is neither read nor failed: not ok
 		err = fmt.Errorf("%w: the server is stopping, so this pass ended before its reads and refreshes", errMaintenanceStopped)
 	}
@@ -346,14 +355,28 @@ func (m *maintainer) readUsage(ctx context.Context, s *passSub) {
 			err = fmt.Errorf("not read: the expired grant could not be refreshed: %w", err)
 		}
 	}
-	var ws []planWindow
-	if err == nil {
-		ws, err = m.fetchUsage(ctx, provider, cred)
+	// GET with the headers of provider's calls but their Content-Type (a GET has no body).
+	p, _ := lookupProvider(provider)
+	g, ws := cmp.Or(cred.OAuth, &oauthGrant{}), []planWindow(nil)
+	if endpoint, uerr := p.usageEndpoint(m.o.getenv); err == nil && uerr != nil {
+		err = uerr
+	} else if err == nil {
+		h := http.Header{}
+		setProviderHeaders(h, p, upstreamCredential{cred.APIKey, g.AccessToken, g.AccountID}, nil, false)
+		h.Del("Content-Type")
+		status, body, cerr := callEndpoint(ctx, m.o.client, http.MethodGet, endpoint, nil, h)
+		if cerr == nil && status/100 == 2 {
+			ws, cerr = p.readUsage(body, m.o.now())
+		} else if cerr != nil && status != 0 {
+			cerr = fmt.Errorf("the body ended early: %w", cerr)
+		}
+		if cerr != nil || status/100 != 2 {
+			err = &endpointError{Op: "usage report GET", Endpoint: endpoint, Status: status, Received: len(body), Err: cerr}
+		}
 	}
 	switch {
 	case ctx.Err() != nil:
 	case err != nil:
-		g := cmp.Or(cred.OAuth, &oauthGrant{})
 		s.failed = ledgerSentence(redact(err.Error(), cred.APIKey, g.AccessToken, g.RefreshToken, g.IDToken))
 		m.o.ledger.recordCheck(id, provider, false, false, s.failed)
 		m.o.log.Warn("usage_read_failed", "subscription_id", id, "provider", provider, "error", s.failed)
@@ -365,17 +388,6 @@ func (m *maintainer) readUsage(ctx context.Context, s *passSub) {
 	}
 }
 
-// refreshIfDue makes s's one attempt when its grant is due, unless its read spent it (the usage pass or a request may have
-// refreshed it meanwhile); needs_reauthorization (set meanwhile too) waits for sign-in.
-func (m *maintainer) refreshIfDue(ctx context.Context, s *passSub) {
-	e := m.o.ledger.entry(s.it.ID)
-	cur, err := m.inv.credential(s.it.ID)
-	if s.oauth && !s.tried && e.Credential.State == credActive && err == nil && cur.OAuth != nil &&
-		refreshDue(*cur.OAuth, e.Credential.RefreshedAtMs, m.o.now()) {
-		m.refresh(ctx, s)
-	}
-}
-
 // refresh is s's one refresh attempt of the pass.
 func (m *maintainer) refresh(ctx context.Context, s *passSub) error {
 	s.tried = true
@@ -384,28 +396,6 @@ func (m *maintainer) refresh(ctx context.Context, s *passSub) error {
 		s.refreshed, s.refused = err == nil, err != nil && !errors.Is(err, errRefreshSuperseded)
 	}
 	return err
-}
-
-// fetchUsage GETs and reads provider's report with the headers of provider's calls but their Content-Type (a GET has no body).
-func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vaultCredential) ([]planWindow, error) {
-	p, _ := lookupProvider(provider)
-	endpoint, err := p.usageEndpoint(m.o.getenv)
-	if err != nil {
-		return nil, err
-	}
-	g, h := cmp.Or(cred.OAuth, &oauthGrant{}), http.Header{}
-	setProviderHeaders(h, p, upstreamCredential{cred.APIKey, g.AccessToken, g.AccountID}, nil, false)
-	h.Del("Content-Type")
-	status, body, err := callEndpoint(ctx, m.o.client, http.MethodGet, endpoint, nil, h)
-	if err == nil && status/100 == 2 {
-		var ws []planWindow
-		if ws, err = p.readUsage(body, m.o.now()); err == nil {
-			return ws, nil
-		}
-	} else if err != nil && status != 0 {
-		err = fmt.Errorf("the body ended early: %w", err)
-	}
-	return nil, &endpointError{Op: "usage report GET", Endpoint: endpoint, Status: status, Received: len(body), Err: err}
 }
 
 // probe runs one completion probe on the live subscription it with model ("": the built-in one), as a request would meet
