@@ -203,11 +203,20 @@ func (m *maintainer) changed() {
 	}
 }
 
-// passNow answers POST /v1/admin/maintain from a pass started after the call (a running one may predate the operator's change).
+// passNow answers POST /v1/admin/maintain from the next pass over everyone, started after the call (a running one may
+// predate the operator's change).
 func (m *maintainer) passNow(ctx context.Context) (passReport, error) {
-	t, err := m.ask("maintain")
-	if err != nil {
-		return passReport{}, err
+	var t *passTicket
+	if m != nil {
+		m.mu.Lock()
+		if m.looping {
+			t = m.want("", "maintain")
+			nudge(m.o.ledger.changed)
+		}
+		m.mu.Unlock()
+	}
+	if t == nil {
+		return passReport{}, errMaintenanceStopped
 	}
 	select {
 	case <-t.done:
@@ -215,20 +224,6 @@ func (m *maintainer) passNow(ctx context.Context) (passReport, error) {
 	case <-ctx.Done():
 		return passReport{}, ctx.Err()
 	}
-}
-
-// ask asks for the next pass over everyone and returns the ticket it will answer.
-func (m *maintainer) ask(reason string) (*passTicket, error) {
-	if m == nil {
-		return nil, errMaintenanceStopped
-	}
-	m.mu.Lock()
-	defer nudge(m.o.ledger.changed)
-	defer m.mu.Unlock()
-	if !m.looping {
-		return nil, errMaintenanceStopped
-	}
-	return m.want("", reason), nil
 }
 
 // metrics is the maintenance state as /metrics numbers (SPEC §13). Nil-safe.
