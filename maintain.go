@@ -276,16 +276,7 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) (rep passReport
 	}
 	// Reads run one at a time per provider, providers side by side (SPEC §17); refreshes side by side.
 	sideBySide(ctx, subs, func(s *passSub) string { return s.it.Provider }, m.readUsage)
-	sideBySide(ctx, subs, func(s *passSub) string { return s.it.ID }, func(ctx context.Context, s *passSub) {
-		// The one attempt when its grant is due, unless its read spent it (the usage pass or a request may have refreshed it
-		// meanwhile); needs_reauthorization (set meanwhile too) waits for sign-in.
-		e := m.o.ledger.entry(s.it.ID)
-		cur, err := m.inv.credential(s.it.ID)
-		if s.oauth && !s.tried && e.Credential.State == credActive && err == nil && cur.OAuth != nil &&
-			refreshDue(*cur.OAuth, e.Credential.RefreshedAtMs, m.o.now()) {
-			m.refresh(ctx, s)
-		}
-	})
+	sideBySide(ctx, subs, func(s *passSub) string { return s.it.ID }, m.refreshIfDue)
 	if err == nil && ctx.Err() != nil { // what it skipped is neither read nor failed: not ok
 		err = fmt.Errorf("%w: the server is stopping, so this pass ended before its reads and refreshes", errMaintenanceStopped)
 	}
@@ -380,6 +371,17 @@ func (m *maintainer) readUsage(ctx context.Context, s *passSub) {
 		m.o.ledger.recordWindows(id, provider, ws)
 		m.o.ledger.recordCheck(id, provider, false, true, strconv.Itoa(len(ws))+" window(s) read")
 		m.o.log.Info("usage_read_ok", "subscription_id", id, "provider", provider, "windows", len(ws))
+	}
+}
+
+// refreshIfDue makes s's one attempt when its grant is due, unless its read spent it (the usage pass or a request may have
+// refreshed it meanwhile); needs_reauthorization (set meanwhile too) waits for sign-in.
+func (m *maintainer) refreshIfDue(ctx context.Context, s *passSub) {
+	e := m.o.ledger.entry(s.it.ID)
+	cur, err := m.inv.credential(s.it.ID)
+	if s.oauth && !s.tried && e.Credential.State == credActive && err == nil && cur.OAuth != nil &&
+		refreshDue(*cur.OAuth, e.Credential.RefreshedAtMs, m.o.now()) {
+		m.refresh(ctx, s)
 	}
 }
 
