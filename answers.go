@@ -35,9 +35,10 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 		w.Header().Set("Brama-Route", c.res.Route)
 		p, attempts, model := c.res.Provider, e.t.attempts, cmp.Or(e.route, req.head.Model)
 		e.t.route = c.res.Route
-		pass, tr := !req.translates(p), chatRequest{}
+		pass, tr, cs := !req.translates(p), chatRequest{}, (*callerStream)(nil) // cs: nil relays a buffered answer as is
 		if !pass {
 			tr = *req.sent
+			cs = &callerStream{frames: formatOf(req.dialect).frames, req: tr, model: model}
 			if len(tr.Dropped) > 0 { // SPEC §7.6: nothing is dropped silently
 				w.Header().Set("Brama-Dropped", headerText(strings.Join(tr.Dropped, ", ")))
 				e.t.dropped = tr.Dropped
@@ -61,11 +62,8 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 				e.log.Warn("stream_failed_after_commit", "request_id", e.t.requestID, "code", failure.Code, "cause", redact(fmt.Sprint(failure.Err), c.cred.bearer()))
 			}
 			return u, failure, true
-		case pass:
-			u, failure = relayBuffered(w, c, resp, attempts, nil)
-			return u, failure, false
 		}
-		u, failure = relayBuffered(w, c, resp, attempts, &callerStream{frames: formatOf(req.dialect).frames, req: tr, model: model})
+		u, failure = relayBuffered(w, c, resp, attempts, cs)
 		return u, failure, false
 	}
 	kinds := map[string]routeKind{modeDirect: kindDirect, modeAlias: kindDirect, modeSubscription: kindSubscription}
@@ -121,7 +119,7 @@ func (e *engine) serveModelCall(ctx context.Context, w http.ResponseWriter, req 
 		writeJSON(w, http.StatusOK, map[string]int{"input_tokens": estimateInputTokens(req.body)})
 		return nil
 	}
-	if ae := e.attemptRoute(ctx, j, c, req, nil); ae != nil {
+	if ae := e.attemptRoute(ctx, j, c, req, []resolution{c.res}); ae != nil {
 		return ae
 	}
 	return nil
@@ -535,9 +533,8 @@ func (g *replayGuard) check(client, agent string, h http.Header, body rawObject,
 		e := cmp.Or(g.refused[strict], g.refused[loose])
 		g.mu.Unlock()
 		if e != nil {
-			at := e.until.Add(-g.window) // when it was refused
 			refusal = refuse(e.code, "this request repeats one refused at %s after a provider call (%s); the same request is refused without a provider call until %s (BRAMA_REPLAY_GUARD_SECS)",
-				at.UTC().Format(time.RFC3339), strings.TrimSuffix(e.code+": "+e.message, ": "), e.until.UTC().Format(time.RFC3339))
+				e.until.Add(-g.window).UTC().Format(time.RFC3339), strings.TrimSuffix(e.code+": "+e.message, ": "), e.until.UTC().Format(time.RFC3339))
 			refusal.Retryable = false
 			refusal.withStatus(e.status).because(errReplayRefused).withAttempts(0)
 		}
