@@ -108,7 +108,7 @@ func (e *engine) plan(cl client, req *chatRequest) (call, error) {
 	case key == "":
 		err = refuse("credential_unauthorized", "no direct credential for provider %q", res.Provider.id).withAttempts(0)
 	case controlAt(key) >= 0: // a vault edited by hand: net/http would refuse the header before sending, no call
-		err = refuse("credential_unauthorized", "the direct credential for provider %q holds a control character", res.Provider.id).withAttempts(0)
+		err = refuse("credential_unauthorized", "the direct key for %q holds a control character", res.Provider.id).withAttempts(0)
 	default:
 		c.cred.APIKey = key
 	}
@@ -279,20 +279,18 @@ func (e *engine) note(who, reason string) {
 // after calls, chosen from what they met; with none, from why not.
 func (e *engine) exhausted(res resolution, tried bool, unfit *apiError) *apiError {
 	n, list, route := e.t.attempts, strings.Join(e.reasons, "; "), cmp.Or(res.Route, res.Mode)
-	needsSignIn := func() bool { // no subscription of the route's provider (of a selector's: any) is active
-		items, err := e.inv.pool(e.agent, res.Provider.id) // a selector's has none: every provider
-		active := func(it overlayItem) bool { return e.ledger.entry(it.ID).Credential.State == credActive }
-		return err == nil && len(items) > 0 && !slices.ContainsFunc(items, active)
-	}
 	var ae *apiError
 	switch {
 	case !tried && unfit != nil: // every usable candidate needs a max_tokens nobody knows (SPEC §6.4) or another format
 		return unfit
-	case !tried && needsSignIn():
-		ae = refuse("subscription_reauthorization_required", "no subscription of agent %q for %s is active; sign in again",
-			e.agent, route)
-	case !tried:
+	case !tried: // a sign-in when no subscription of the route's provider (of a selector's: any, pool("")) is active
+		items, err := e.inv.pool(e.agent, res.Provider.id)
+		active := func(it overlayItem) bool { return e.ledger.entry(it.ID).Credential.State == credActive }
 		ae = refuse("credential_unauthorized", "no subscription of agent %q can serve %s", e.agent, route)
+		if err == nil && len(items) > 0 && !slices.ContainsFunc(items, active) {
+			ae = refuse("subscription_reauthorization_required", "no subscription of agent %q for %s is active; sign in again",
+				e.agent, route)
+		}
 	case n == 0 && e.refreshTransport != nil:
 		ae = e.refreshTransport
 	case n == 0 && len(e.blocks) > 0: // no call, so every block met was a skip
