@@ -434,7 +434,7 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, 
 func (e *engine) ping(ctx context.Context, c call, pool []overlayItem) (u usage, ae *apiError) {
 	ping := []message{{Role: "user", Parts: []part{{Type: partText, Text: "ping"}}}}
 	req := chatRequest{Model: c.res.Route, MaxTokens: 16, Messages: ping} // SPEC §11.3's output limit
-	ae = e.attemptRoute(ctx, &job{kind: kindProbe, pool: pool,
+	ae = e.attemptRoute(ctx, &job{budget: budgets.probe, pool: pool,
 		build: func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
 			return buildUpstreamRequest(ctx, c, &req)
 		},
