@@ -104,7 +104,7 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 	m.mu.Lock()                 // first: the journal read must not come between now and the pending check
 	fold, _ := m.inv.j.folded() // unreadable: no moment is skipped
 	due := m.o.ledger.nextDue(now, fold.retire)
-	if m.asked[""] == nil && m.timer != nil && !m.timerAt.After(now) {
+	if m.timer != nil && !m.timerAt.After(now) { // its moment passed, or it fired (timerAt zero) whatever the clock says
 		m.arm(time.Time{}, now)
 		m.want("", "due")
 	}
@@ -167,9 +167,8 @@ func (m *maintainer) arm(due, now time.Time) {
 	t = m.afterFunc(due.Sub(now), func() {
 		m.mu.Lock()
 		defer m.mu.Unlock()
-		if m.timer == t { // fired: the next turn arms afresh
-			m.timer = nil
-			m.want("", "due")
+		if m.timer == t { // fired: the loop's next turn runs a pass
+			m.timerAt = time.Time{}
 			nudge(m.o.ledger.changed)
 		}
 	})

@@ -578,6 +578,14 @@ func TestMaintainLoopOnce(t *testing.T) {
 	if st := fx.m.metrics(); st["brama_maintenance_passes_total"] != 2 || st["brama_maintenance_next_due_timestamp_seconds"] != float64(next.Unix()) {
 		t.Errorf("state = %v", st)
 	}
+	// Its timer fires while the wall clock says the moment is still ahead (a clock stepped back): a pass, not a stall.
+	fx.timers.fire(t, next)
+	if !fx.m.loopOnce(ctx, fx.clock.now()) {
+		t.Fatal("a fired timer ran no pass while the wall clock was behind its moment")
+	}
+	if ev := fx.nextPass(t); ev.reason != "due" {
+		t.Errorf("pass after the fired timer = %+v, want due", ev)
+	}
 }
 
 // holdFirstUsageRead makes the first kimi usage read of fx wait, once it
