@@ -150,8 +150,8 @@ func (e *engine) applyMaxTokens(req *chatRequest, res resolution) error {
 // paid by a direct key, the probed subscription or the agent's pool (read when reached; one that refused all is skipped
 // after). A rotating kind moves on only after a refusal proving nothing was generated: else cost or tool effects double.
 func (e *engine) attemptRoute(ctx context.Context, j *job, c call, req *callerRequest, sels []resolution) *apiError {
-	poolRefused, tried := map[string]bool{}, false
-	var unfit *apiError // a candidate skipped: no max_tokens known, or a request its format cannot express
+	poolRefused := map[string]bool{} // each walked candidate's provider: did every subscription refuse?
+	var unfit *apiError              // a candidate skipped: no max_tokens known, or a request its format cannot express
 candidates:
 	for _, res := range sels {
 		p, cand, creq := res.Provider, c, req
@@ -251,9 +251,9 @@ candidates:
 		if e.t.attempts > before && j.spends { // calls all refused count as one failure of the route (SPEC §13)
 			e.perf.record(res.Route, false, e.now().Sub(begin), 0)
 		}
-		poolRefused[p.id], tried = len(queue) == 0 && !rejected, true
+		poolRefused[p.id] = len(queue) == 0 && !rejected
 	}
-	return e.exhausted(c.res, tried, unfit)
+	return e.exhausted(c.res, len(poolRefused) > 0, unfit)
 }
 
 // note records why the walk skipped or left who (a selector's: under its route).
