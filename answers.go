@@ -43,12 +43,11 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 				w.Header().Set("Brama-Dropped", headerText(strings.Join(tr.Dropped, ", ")))
 				e.t.dropped = tr.Dropped
 			}
+		} else {
+			model = c.res.Model // a passthrough stream names the provider's model
 		}
 		switch {
 		case req.head.Stream:
-			if pass {
-				model = c.res.Model
-			}
 			providerFacts(w.Header(), resp.Header, pass)
 			sa := openStreamAnswer(w, req.dialect, tr, model, attempts, cmp.Or(e.keepAlive, keepAliveEvery))
 			defer sa.close()
@@ -67,7 +66,8 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 		return u, failure, false
 	}
 	kinds := map[string]budget{modeDirect: budgets.direct, modeAlias: budgets.direct, modeSubscription: budgets.subscription}
-	ae := e.attemptRoute(ctx, &job{budget: cmp.Or(kinds[c.res.Mode], budgets.selector), build: buildChatRequest, commit: deliver}, c, req, cands)
+	j := &job{budget: cmp.Or(kinds[c.res.Mode], budgets.selector), build: buildChatRequest, commit: deliver}
+	ae := e.attemptRoute(ctx, j, c, req, cands)
 	if ae != nil && e.t.remember != nil { // the replay guard learns a refusal before the caller reads it
 		e.t.remember(ae, e.t.attempts, ctx.Err() != nil, false)
 	}
@@ -507,11 +507,12 @@ func (g *replayGuard) forget(alias, provider string) {
 	}
 }
 
-// check is the replay guard at a planned request of client (SPEC §8.1). refusal repeats the one remembered under the
-// request's strict or loose key (its status and code, not retryable, no call made); a client with none remembered takes
-// no digest. remember is tally's (nil: off): a non-retryable refusal after a call, not a reauthorization (signing in must
-// pass), is kept for the request until the window ends. A refusal that may have generated is kept under the loose key,
-// which the same request also has: a caller that fixes its output limit after provider_rejected asks a new request.
+// check is the replay guard at a planned request of client on c, whose candidates are cands (SPEC §8.1). refusal
+// repeats the one remembered under the request's strict or loose key (its status and code, not retryable, no call
+// made); a client with none remembered takes no digest. remember is tally's (nil: off): a non-retryable refusal after a
+// call, not a reauthorization (signing in must pass), is kept for the request until the window ends. A refusal that may
+// have generated is kept under the loose key, which the same request also has: a caller that fixes its output limit
+// after provider_rejected asks a new request.
 func (g *replayGuard) check(client, agent string, h http.Header, body rawObject, c call, cands []resolution) (
 	refusal *apiError, remember func(ae *apiError, attempts int, hungUp, streamed bool)) {
 	if g.window <= 0 {
@@ -550,7 +551,7 @@ func (g *replayGuard) check(client, agent string, h http.Header, body rawObject,
 		if streamed { // met in-band under a 200: its code's status, no message
 			e.status, e.message = 0, ""
 		}
-		for _, cand := range append([]resolution{c.res}, cands...) { // a provider twice does no harm
+		for _, cand := range cands { // c's route, or a selector's candidates
 			e.providers = append(e.providers, cand.Provider.id)
 		}
 		now := g.lock()

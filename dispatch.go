@@ -447,7 +447,8 @@ var errSkipSubscription = errors.New("subscription skipped")
 // subscriptionCredential is what a call of j on sub presents, an expired grant or a just refusedToken refreshed first
 // (SPEC §7.2.3, §11.1). Skipped: a blocked sub when j rotates, one marked since the pool was read unless probed (j.pool),
 // one no header could carry (a vault edited by hand: marked for a sign-in, SPEC §17).
-func (e *engine) subscriptionCredential(ctx context.Context, j *job, sub overlayItem, refusedToken string) (upstreamCredential, error) {
+func (e *engine) subscriptionCredential(ctx context.Context, j *job, sub overlayItem,
+	refusedToken string) (upstreamCredential, error) {
 	if until := e.ledger.blockedUntil(sub.ID); j.rotate && !until.IsZero() {
 		e.blocks = append(e.blocks, until)
 		e.note(sub.ID, "blocked until "+until.UTC().Format(time.RFC3339))
