@@ -176,9 +176,9 @@ func (m *maintainer) arm(due, now time.Time) {
 }
 
 // request asks for a pass over agent's subscriptions after its refusal for want of a signed-in subscription, dropped when one
-// covering agent started since the last change (SPEC §11.2, §17). Nil-safe.
+// covering agent started since the last change (SPEC §11.2, §17).
 func (m *maintainer) request(reason, agent string) {
-	if m == nil || agent == "" {
+	if agent == "" {
 		return
 	}
 	m.mu.Lock()
@@ -195,28 +195,22 @@ func (m *maintainer) request(reason, agent string) {
 
 // changed records an inventory or credential change (donation, sign-in, reinstate, replacement), so the next request counts again.
 func (m *maintainer) changed() {
-	if m != nil {
-		m.mu.Lock()
-		clear(m.fresh)
-		m.mu.Unlock()
-	}
+	m.mu.Lock()
+	clear(m.fresh)
+	m.mu.Unlock()
 }
 
 // passNow answers POST /v1/admin/maintain from the next pass over everyone, started after the call (a running one may
 // predate the operator's change).
 func (m *maintainer) passNow(ctx context.Context) (passReport, error) {
-	var t *passTicket
-	if m != nil {
-		m.mu.Lock()
-		if m.looping {
-			t = m.want("", "maintain")
-			nudge(m.o.ledger.changed)
-		}
+	m.mu.Lock()
+	if !m.looping {
 		m.mu.Unlock()
-	}
-	if t == nil {
 		return passReport{}, errMaintenanceStopped
 	}
+	t := m.want("", "maintain")
+	nudge(m.o.ledger.changed)
+	m.mu.Unlock()
 	select {
 	case <-t.done:
 		return t.rep, t.rep.err
@@ -225,11 +219,8 @@ func (m *maintainer) passNow(ctx context.Context) (passReport, error) {
 	}
 }
 
-// metrics is the maintenance state as /metrics numbers (SPEC §13). Nil-safe.
+// metrics is the maintenance state as /metrics numbers (SPEC §13).
 func (m *maintainer) metrics() map[string]float64 {
-	if m == nil {
-		return map[string]float64{"brama_maintenance_passes_total": 0}
-	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	flag := map[bool]float64{true: 1}

@@ -459,15 +459,6 @@ func TestMaintainStopped(t *testing.T) {
 	if _, err := fx.m.passNow(context.Background()); err != errMaintenanceStopped {
 		t.Fatalf("before run: err = %v", err)
 	}
-	var nilM *maintainer
-	nilM.request("x", "a1")
-	nilM.changed()
-	if _, err := nilM.passNow(context.Background()); err != errMaintenanceStopped {
-		t.Errorf("nil maintainer: err = %v", err)
-	}
-	if st := nilM.metrics(); st["brama_maintenance_passes_total"] != 0 {
-		t.Errorf("nil state = %v", st)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	fx.m.run(ctx, &wg)
