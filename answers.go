@@ -35,10 +35,9 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 		w.Header().Set("Brama-Route", c.res.Route)
 		p, attempts, model := c.res.Provider, e.t.attempts, cmp.Or(e.route, req.head.Model)
 		e.t.route = c.res.Route
-		pass, tr, cs := !req.translates(p), chatRequest{}, (*callerStream)(nil) // cs: nil relays a buffered answer as is
+		pass, tr := !req.translates(p), chatRequest{}
 		if !pass {
 			tr = *req.sent
-			cs = &callerStream{frames: formatOf(req.dialect).frames, req: tr, model: model}
 			if len(tr.Dropped) > 0 { // SPEC §7.6: nothing is dropped silently
 				w.Header().Set("Brama-Dropped", headerText(strings.Join(tr.Dropped, ", ")))
 				e.t.dropped = tr.Dropped
@@ -61,8 +60,11 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 				e.log.Warn("stream_failed_after_commit", "request_id", e.t.requestID, "code", failure.Code, "cause", redact(fmt.Sprint(failure.Err), c.cred.bearer()))
 			}
 			return u, failure, true
+		case pass:
+			u, failure = relayBuffered(w, c, resp, attempts, nil)
+			return u, failure, false
 		}
-		u, failure = relayBuffered(w, c, resp, attempts, cs)
+		u, failure = relayBuffered(w, c, resp, attempts, &callerStream{frames: formatOf(req.dialect).frames, req: tr, model: model})
 		return u, failure, false
 	}
 	kinds := map[string]budget{modeDirect: budgets.direct, modeAlias: budgets.direct, modeSubscription: budgets.subscription}
@@ -119,7 +121,7 @@ func (e *engine) serveModelCall(ctx context.Context, w http.ResponseWriter, req 
 		writeJSON(w, http.StatusOK, map[string]int{"input_tokens": estimateInputTokens(req.body)})
 		return nil
 	}
-	if ae := e.attemptRoute(ctx, j, c, req, []resolution{c.res}); ae != nil {
+	if ae := e.attemptRoute(ctx, j, c, req, nil); ae != nil {
 		return ae
 	}
 	return nil
@@ -507,12 +509,11 @@ func (g *replayGuard) forget(alias, provider string) {
 	}
 }
 
-// check is the replay guard at a planned request of client on c, whose candidates are cands (SPEC §8.1). refusal
-// repeats the one remembered under the request's strict or loose key (its status and code, not retryable, no call
-// made); a client with none remembered takes no digest. remember is tally's (nil: off): a non-retryable refusal after a
-// call, not a reauthorization (signing in must pass), is kept for the request until the window ends. A refusal that may
-// have generated is kept under the loose key, which the same request also has: a caller that fixes its output limit
-// after provider_rejected asks a new request.
+// check is the replay guard at a planned request of client (SPEC §8.1). refusal repeats the one remembered under the
+// request's strict or loose key (its status and code, not retryable, no call made); a client with none remembered takes
+// no digest. remember is tally's (nil: off): a non-retryable refusal after a call, not a reauthorization (signing in must
+// pass), is kept for the request until the window ends. A refusal that may have generated is kept under the loose key,
+// which the same request also has: a caller that fixes its output limit after provider_rejected asks a new request.
 func (g *replayGuard) check(client, agent string, h http.Header, body rawObject, c call, cands []resolution) (
 	refusal *apiError, remember func(ae *apiError, attempts int, hungUp, streamed bool)) {
 	if g.window <= 0 {
@@ -551,7 +552,7 @@ func (g *replayGuard) check(client, agent string, h http.Header, body rawObject,
 		if streamed { // met in-band under a 200: its code's status, no message
 			e.status, e.message = 0, ""
 		}
-		for _, cand := range cands { // c's route, or a selector's candidates
+		for _, cand := range append([]resolution{c.res}, cands...) { // a provider twice does no harm
 			e.providers = append(e.providers, cand.Provider.id)
 		}
 		now := g.lock()

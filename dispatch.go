@@ -105,8 +105,8 @@ func (e *engine) plan(cl client, req *chatRequest) (call, error) {
 	return c, err
 }
 
-// planChat is plan plus a chat call's output limit (SPEC §6.4), the candidates (a selector's, else c's route), and the
-// translation parse if a call crosses formats.
+// planChat is plan plus a chat call's output limit (SPEC §6.4), a
+// selector's candidates, and the translation parse if a call crosses formats.
 func (e *engine) planChat(cl client, req *callerRequest) (c call, cands []resolution, err error) {
 	if c, err = e.plan(cl, &req.head); err != nil {
 		return c, nil, err
@@ -120,12 +120,14 @@ func (e *engine) planChat(cl client, req *callerRequest) (c call, cands []resolu
 			return c, nil, refuse("forbidden", "this client may not use model %q (named in models)", "openrouter/"+names[i])
 		}
 	}
+	targets := []resolution{c.res}
 	if c.res.Mode == modeDirect || c.res.Mode == modeAlias || c.res.Mode == modeSubscription {
-		cands, err = []resolution{c.res}, e.applyMaxTokens(&req.head, c.res)
+		err = e.applyMaxTokens(&req.head, c.res)
 	} else {
 		cands, err = e.candidates(c.res)
+		targets = cands
 	}
-	if err == nil && slices.ContainsFunc(cands, func(t resolution) bool { return req.translates(t.Provider) }) {
+	if err == nil && slices.ContainsFunc(targets, func(t resolution) bool { return req.translates(t.Provider) }) {
 		req.neutral = new(chatRequest) // the whole body parsed once, at plan time
 		*req.neutral, err = formatOf(req.dialect).parse(req.body.src)
 	}
@@ -146,10 +148,13 @@ func (e *engine) applyMaxTokens(req *chatRequest, res resolution) error {
 	return nil
 }
 
-// attemptRoute serves c with j (SPEC §7.1–§7.3): its candidates (c's route, or a selector's, each with its own output limit),
+// attemptRoute serves c with j (SPEC §7.1–§7.3): c's route, or a selector's candidates each with its own output limit,
 // paid by a direct key, the probed subscription or the agent's pool (read when reached; one that refused all is skipped
 // after). A rotating kind moves on only after a refusal proving nothing was generated: else cost or tool effects double.
 func (e *engine) attemptRoute(ctx context.Context, j *job, c call, req *callerRequest, sels []resolution) *apiError {
+	if !j.selects {
+		sels = []resolution{c.res}
+	}
 	poolRefused := map[string]bool{} // each walked candidate's provider: did every subscription refuse?
 	var unfit *apiError              // a candidate skipped: no max_tokens known, or a request its format cannot express
 candidates:

@@ -431,6 +431,6 @@ func (e *engine) ping(ctx context.Context, c call, pool []overlayItem) (u usage,
 		commit: func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (usage, *apiError, bool) {
 			u, ae = relayBuffered(nil, c, resp, e.t.attempts, &callerStream{frames: formatOf(dialectChat).frames, req: req})
 			return u, ae, false // an in-band limit blocks, as a request's
-		}}, c, nil, []resolution{c.res})
+		}}, c, nil, nil)
 	return u, ae
 }

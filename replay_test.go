@@ -427,7 +427,7 @@ func refusalOf(g *replayGuard, client string, body rawObject) *apiError {
 
 // rememberOf is the guard's remember for a request of client with body on c.
 func rememberOf(g *replayGuard, client string, body rawObject, c call) func(ae *apiError, attempts int, hungUp, streamed bool) {
-	_, remember := g.check(client, "", nil, body, c, []resolution{c.res}) // plan gives a route its own
+	_, remember := g.check(client, "", nil, body, c, nil)
 	return remember
 }
 
