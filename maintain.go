@@ -29,8 +29,8 @@ type maintainer struct {
 	passes, dropped  int64                  // passes started; requests dropped by the SPEC §11.2 rule
 	lastOK           bool                   // the last pass ended ok
 	lastAt           [2]time.Time           // when the last pass started and ended; zero before the first ends
-	timer            ledgerStopper          // the armed due timer; nil when none or it fired
-	timerAt          time.Time              // the moment it is armed for; zero none
+	timer            ledgerStopper          // the armed due timer; nil when none
+	timerAt          time.Time              // the moment it is armed for; zero when none or it fired
 }
 
 // passReport is the body of POST /v1/admin/maintain (SPEC §11.2); err (never sent): the pass could not list the subscriptions.
