@@ -449,17 +449,18 @@ func (e *engine) eligible(provider string) ([]overlayItem, error) {
 // errSkipSubscription: no call on this subscription; the walk noted why.
 var errSkipSubscription = errors.New("subscription skipped")
 
-// subscriptionCredential is what a call of j on sub presents, an expired grant or a just refusedToken refreshed first
-// (SPEC §7.2.3, §11.1). Skipped: a blocked sub when j rotates, one marked since the pool was read unless probed (j.pool),
-// one no header could carry (a vault edited by hand: marked for a sign-in, SPEC §17).
-func (e *engine) subscriptionCredential(ctx context.Context, j *job, sub overlayItem,
-	refusedToken string) (upstreamCredential, error) {
+// subscriptionCredential is what a call of j on sub presents, an expired grant or one whose access token was just refused
+// refreshed first (SPEC §7.2.3, §11.1). Skipped: a blocked sub when j rotates, one marked since the pool was read unless
+// probed (j.pool), one no header could carry (a vault edited by hand: marked for a sign-in, SPEC §17).
+func (e *engine) subscriptionCredential(ctx context.Context, j *job, sub overlayItem, token string) (upstreamCredential, error) {
 	if until := e.ledger.blockedUntil(sub.ID); j.rotate && !until.IsZero() {
 		e.blocks = append(e.blocks, until)
 		e.note(sub.ID, "blocked until "+until.UTC().Format(time.RFC3339))
 		return upstreamCredential{}, errSkipSubscription
 	} else if j.pool == nil && e.ledger.entry(sub.ID).Credential.State != credActive { // the probe may revive it
 		e.note(sub.ID, "credential refused meanwhile; sign in again")
+		return upstreamCredential{}, errSkipSubscription
+	} else if slices.Contains(e.skipped, sub.ID) { // its refresh failed: a later candidate of its provider walks the pool again
 		return upstreamCredential{}, errSkipSubscription
 	}
 	vc, err := e.inv.credential(sub.ID) // its refusal is SPEC §2.2's
@@ -468,12 +469,9 @@ func (e *engine) subscriptionCredential(ctx context.Context, j *job, sub overlay
 	}
 	cred := upstreamCredential{APIKey: vc.APIKey}
 	if g := vc.OAuth; g != nil {
-		if slices.Contains(e.skipped, sub.ID) { // a later candidate of the same provider walks this pool again
-			return upstreamCredential{}, errSkipSubscription
-		}
-		if refusedToken != "" || (expiredForRequest(*g, e.now()) && !slices.Contains(e.refreshed, sub.ID)) {
+		if token != "" || (expiredForRequest(*g, e.now()) && !slices.Contains(e.refreshed, sub.ID)) {
 			e.refreshed = append(e.refreshed, sub.ID)
-			ng, err := e.oauth.refresh(ctx, sub.ID, sub.Provider, refusedToken)
+			ng, err := e.oauth.refresh(ctx, sub.ID, sub.Provider, token)
 			var re *endpointError
 			switch {
 			case errors.Is(err, errRefreshSuperseded): // a sign-in replaced the grant meanwhile: the call uses its (SPEC §11.1)
@@ -490,7 +488,7 @@ func (e *engine) subscriptionCredential(ctx context.Context, j *job, sub overlay
 				e.skipped = append(e.skipped, sub.ID)
 				return upstreamCredential{}, errSkipSubscription
 			}
-			if g = &ng; refusedToken != "" {
+			if g = &ng; token != "" {
 				e.note(sub.ID, "refused the access token; refreshed")
 			}
 		}
