@@ -189,10 +189,10 @@ candidates:
 				creq = &limited
 			}
 		}
-		if cand.baseURL, err = providerBaseURL(p, e.getenv); res.BaseURL != "" { // a deployment's is its own
-			cand.baseURL = res.BaseURL
-		} else if err != nil {
-			return refuse("dependency_unavailable", "provider %q has an unusable base URL: %v", p.id, err).withAttempts(e.t.attempts)
+		if cand.baseURL = res.BaseURL; cand.baseURL == "" { // a deployment's is its own, else the provider's
+			if cand.baseURL, err = providerBaseURL(p, e.getenv); err != nil {
+				return refuse("dependency_unavailable", "provider %q has an unusable base URL: %v", p.id, err).withAttempts(e.t.attempts)
+			}
 		}
 		begin, before, rejected := e.now(), e.t.attempts, false
 		for len(queue) > 0 && e.t.attempts-before < j.calls && !rejected { // a call that was not made ends the walk
