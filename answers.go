@@ -42,12 +42,11 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 				w.Header().Set("Brama-Dropped", headerText(strings.Join(tr.Dropped, ", ")))
 				e.t.dropped = tr.Dropped
 			}
+		} else {
+			model = c.res.Model // a passthrough stream names the provider's model
 		}
 		switch {
 		case req.head.Stream:
-			if pass {
-				model = c.res.Model
-			}
 			providerFacts(w.Header(), resp.Header, pass)
 			sa := openStreamAnswer(w, req.dialect, tr, model, attempts, cmp.Or(e.keepAlive, keepAliveEvery))
 			defer sa.close()
@@ -68,8 +67,9 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 		u, failure = relayBuffered(w, c, resp, attempts, &callerStream{frames: formatOf(req.dialect).frames, req: tr, model: model})
 		return u, failure, false
 	}
-	kinds := map[string]routeKind{modeDirect: kindDirect, modeAlias: kindDirect, modeSubscription: kindSubscription}
-	ae := e.attemptRoute(ctx, &job{kind: kinds[c.res.Mode], build: buildChatRequest, commit: deliver}, c, req, cands)
+	kinds := map[string]budget{modeDirect: budgets.direct, modeAlias: budgets.direct, modeSubscription: budgets.subscription}
+	j := &job{budget: cmp.Or(kinds[c.res.Mode], budgets.selector), build: buildChatRequest, commit: deliver}
+	ae := e.attemptRoute(ctx, j, c, req, cands)
 	if ae != nil && e.t.remember != nil { // the replay guard learns a refusal before the caller reads it
 		e.t.remember(ae, e.t.attempts, ctx.Err() != nil, false)
 	}
@@ -81,7 +81,7 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 func (e *engine) serveModelCall(ctx context.Context, w http.ResponseWriter, req *callerRequest, embed map[string]json.RawMessage,
 	c call) error {
 	p := c.res.Provider
-	j := &job{kind: kindCountTokens, build: func(ctx context.Context, c call, req *callerRequest) (*http.Request, error) {
+	j := &job{budget: budgets.countTokens, build: func(ctx context.Context, c call, req *callerRequest) (*http.Request, error) {
 		return req.passthrough(ctx, c, "/v1/messages/count_tokens", false)
 	}}
 	j.commit = func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (u usage, ae *apiError, _ bool) {
@@ -110,7 +110,7 @@ func (e *engine) serveModelCall(ctx context.Context, w http.ResponseWriter, req 
 	case embed != nil:
 		embed["model"], _ = json.Marshal(c.res.Model)
 		out, _ := json.Marshal(embed)
-		j.kind, j.build = kindDirect, func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
+		j.budget, j.build = budgets.direct, func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
 			return newProviderRequest(ctx, c, nil, "/embeddings", out, false)
 		}
 	case p.protocol != protoAnthropic: // count_tokens; also selectors and best: no one route to ask

@@ -20,31 +20,21 @@ import (
 // key or a pool: order, refresh, blocks) within the budget table; send counts each call; commit settles the one answer,
 // exhausted is the one refusal of a walk without. answers.go answers each call kind, maintain.go probes. Then the core.
 
-// routeKind is what the budget table is keyed by.
-type routeKind int
-
-const (
-	kindSelector     routeKind = iota // the zero kind: one candidate of any, any-vision-capable or best (§7.3)
-	kindDirect                        // a direct or alias route (SPEC §7.1)
-	kindSubscription                  // an explicit subscription route (§7.2)
-	kindProbe                         // the completion probe (§11.3)
-	kindCountTokens                   // POST /v1/messages/count_tokens (§15); embeddings take kindDirect
-)
-
-// budget is what one candidate of a route kind may spend.
+// budget is what one candidate of a route kind may spend; a job carries its kind's.
 type budget struct {
-	calls  int  // the attempt limit on one candidate
-	rotate bool // a refusal proving nothing was generated moves the walk on (§7.2.4); else every refusal is answered at once
-	spends bool // the call's spend is recorded (perf registry, the log line's tokens, the ledger's use)
+	calls   int  // the attempt limit on one candidate
+	rotate  bool // a refusal proving nothing was generated moves the walk on (§7.2.4); else every refusal is answered at once
+	spends  bool // the call's spend is recorded (perf registry, the log line's tokens, the ledger's use)
+	selects bool // the walk is over a selector's candidates: a refused request moves it on, every note names one (§7.3)
 }
 
-// budgets is the one table of attempt limits (SPEC §7.1–§7.3, §11.3, §15).
-var budgets = map[routeKind]budget{
-	kindDirect:       {calls: 1, spends: true},
-	kindSubscription: {calls: 2, rotate: true, spends: true},
-	kindSelector:     {calls: 2, rotate: true, spends: true},
-	kindProbe:        {calls: 1},
-	kindCountTokens:  {calls: 1},
+// budgets is the one table of attempt limits (SPEC §7.1–§7.3, §11.3, §15), one row per route kind.
+var budgets = struct{ direct, subscription, selector, probe, countTokens budget }{
+	direct:       budget{calls: 1, spends: true},                              // a direct or alias route (§7.1); embeddings
+	subscription: budget{calls: 2, rotate: true, spends: true},                // an explicit subscription route (§7.2)
+	selector:     budget{calls: 2, rotate: true, spends: true, selects: true}, // each candidate of any, any-vision-capable, best
+	probe:        budget{calls: 1},                                            // the completion probe (§11.3)
+	countTokens:  budget{calls: 1},                                            // POST /v1/messages/count_tokens (§15)
 }
 
 // engine is one request's attempt engine: the daemon's parts, the log line's tally, and the walk's account of its calls
@@ -77,7 +67,7 @@ type tally struct {
 // job is how a request's calls are built and a committed one is answered;
 // commit's streamed says a failure was written in-band.
 type job struct {
-	kind   routeKind
+	budget
 	pool   []overlayItem // the probe's one subscription; nil: the agent's eligible pool
 	build  func(ctx context.Context, c call, req *callerRequest) (*http.Request, error)
 	commit func(ctx context.Context, c call, req *callerRequest, resp *http.Response) (u usage, failure *apiError, streamed bool)
@@ -98,7 +88,7 @@ func (e *engine) plan(cl client, req *chatRequest) (call, error) {
 	if err != nil {
 		return call{}, err
 	}
-	c := call{res: res, baseURL: res.BaseURL}
+	c := call{res: res}
 	switch pool := res.Mode != modeDirect && res.Mode != modeAlias; {
 	case pool && e.agent == "":
 		err = refuse("forbidden", "this route is paid by an agent's subscriptions; use a bearer bound to an agent: brama clients add ID -agent AGENT")
@@ -107,20 +97,12 @@ func (e *engine) plan(cl client, req *chatRequest) (call, error) {
 		err = refuse("credential_unauthorized", "the vault is unreadable").because(vaultErr).withAttempts(0)
 	case key == "":
 		err = refuse("credential_unauthorized", "no direct credential for provider %q", res.Provider.id).withAttempts(0)
+	case controlAt(key) >= 0: // a vault edited by hand: net/http would refuse the header before sending, no call
+		err = refuse("credential_unauthorized", "the direct key for %q holds a control character", res.Provider.id).withAttempts(0)
 	default:
 		c.cred.APIKey = key
-		c.baseURL, err = e.baseURL(res.Provider)
 	}
 	return c, err
-}
-
-// baseURL is p's, or the refusal of an unusable one (attempts as made).
-func (e *engine) baseURL(p providerInfo) (string, error) {
-	u, err := providerBaseURL(p, e.getenv)
-	if err != nil {
-		return "", refuse("dependency_unavailable", "provider %q has an unusable base URL: %v", p.id, err).withAttempts(e.t.attempts)
-	}
-	return u, nil
 }
 
 // planChat is plan plus a chat call's output limit (SPEC §6.4), a
@@ -170,21 +152,20 @@ func (e *engine) applyMaxTokens(req *chatRequest, res resolution) error {
 // paid by a direct key, the probed subscription or the agent's pool (read when reached; one that refused all is skipped
 // after). A rotating kind moves on only after a refusal proving nothing was generated: else cost or tool effects double.
 func (e *engine) attemptRoute(ctx context.Context, j *job, c call, req *callerRequest, sels []resolution) *apiError {
-	b, selecting := budgets[j.kind], j.kind == kindSelector
-	if !selecting {
+	if !j.selects {
 		sels = []resolution{c.res}
 	}
-	poolRefused, tried := map[string]bool{}, false
-	var unfit *apiError // a candidate skipped: no max_tokens known, or a request its format cannot express
+	poolRefused := map[string]bool{} // each walked candidate's provider: did every subscription refuse?
+	var unfit *apiError              // a candidate skipped: no max_tokens known, or a request its format cannot express
 candidates:
 	for _, res := range sels {
 		p, cand, creq := res.Provider, c, req
-		if cand.res = res; selecting {
+		if cand.res = res; j.selects {
 			e.route = res.Route
 		}
 		queue, pays := []overlayItem{{}}, res.Mode != modeDirect && res.Mode != modeAlias // a direct key makes the one call
+		var err error
 		if pays {
-			var err error
 			switch queue = j.pool; {
 			case poolRefused[p.id]:
 				e.note(res.Route, "skipped: every "+p.id+" subscription already refused")
@@ -198,7 +179,7 @@ candidates:
 				e.note(res.Route, fmt.Sprintf("no usable %q subscription", p.id))
 				continue
 			}
-			if selecting {
+			if j.selects {
 				limited := *req
 				if err = e.applyMaxTokens(&limited.head, res); err != nil {
 					unfit = asAPIError(err)
@@ -207,25 +188,26 @@ candidates:
 				}
 				creq = &limited
 			}
-			if cand.baseURL, err = e.baseURL(p); err != nil {
-				return asAPIError(err)
+		}
+		if cand.baseURL = res.BaseURL; cand.baseURL == "" { // a deployment's is its own, else the provider's
+			if cand.baseURL, err = providerBaseURL(p, e.getenv); err != nil {
+				return refuse("dependency_unavailable", "provider %q has an unusable base URL: %v", p.id, err).withAttempts(e.t.attempts)
 			}
 		}
 		begin, before, rejected := e.now(), e.t.attempts, false
-		for len(queue) > 0 && e.t.attempts-before < b.calls && !rejected { // a call that was not made ends the walk
+		for len(queue) > 0 && e.t.attempts-before < j.calls && !rejected { // a call that was not made ends the walk
 			c, sub := cand, &queue[0]
 			queue = queue[1:]
-			var err error
 			if !pays {
 				sub = nil
-			} else if c.cred, err = e.subscriptionCredential(ctx, j.kind, *sub, ""); errors.Is(err, errSkipSubscription) {
+			} else if c.cred, err = e.subscriptionCredential(ctx, j, *sub, ""); errors.Is(err, errSkipSubscription) {
 				continue
 			} else if err != nil {
 				return asAPIError(err).withAttempts(e.t.attempts)
 			}
 			start := e.now()
 			hr, err := j.build(ctx, c, creq)
-			if ae := asAPIError(err); ae != nil && selecting && ae.Code == "invalid_request" {
+			if ae := asAPIError(err); ae != nil && j.selects && ae.Code == "invalid_request" {
 				unfit = ae // its format cannot express the request (SPEC §7.6)
 				e.note(res.Route, "skipped: "+ae.Message)
 				continue candidates
@@ -239,21 +221,21 @@ candidates:
 			if resp != nil {
 				return e.commit(ctx, j, c, creq, sub, resp, start)
 			}
-			if sub != nil && b.rotate && e.t.attempts > made { // none once the caller hung up: no use of sub
+			if sub != nil && j.rotate && e.t.attempts > made { // none once the caller hung up: no use of sub
 				e.ledger.recordUse(sub.ID, p.id, false, 0, 0)
 			}
 			switch {
-			case ref == nil || !b.rotate && j.pool == nil: // a transport failure or cut body is potentially billable
+			case ref == nil || !j.rotate && j.pool == nil: // a transport failure or cut body is potentially billable
 			case ref.class == refusalAuth: // the probe's is recorded, not retried
 				e.auth = true
 				// What a sign-in or refresh put in the vault meanwhile gets the next call, marked nothing (SPEC §10.3, §11.1).
 				vc, err := e.inv.credential(sub.ID)
 				kept := err != nil || cmp.Or(cmp.Or(vc.OAuth, &oauthGrant{}).AccessToken, vc.APIKey) == c.cred.bearer()
-				if (!b.rotate || c.cred.AccessToken == "" || slices.Contains(e.refreshed, sub.ID)) && kept {
+				if (!j.rotate || c.cred.AccessToken == "" || slices.Contains(e.refreshed, sub.ID)) && kept {
 					e.ledger.setCredential(sub.ID, p.id, credNeedsReauth, cmp.Or(ref.sentence, ref.err.Message))
 					e.note(sub.ID, "authentication refused: "+ref.sentence)
-				} else if _, err := e.subscriptionCredential(ctx, j.kind, *sub, c.cred.AccessToken); err == nil &&
-					e.t.attempts-before < b.calls {
+				} else if _, err := e.subscriptionCredential(ctx, j, *sub, c.cred.AccessToken); err == nil &&
+					e.t.attempts-before < j.calls {
 					queue = append([]overlayItem{*sub}, queue...) // refreshed: retried while a call remains
 				} else if err != nil && !errors.Is(err, errSkipSubscription) {
 					return asAPIError(err).withAttempts(e.t.attempts)
@@ -264,19 +246,19 @@ candidates:
 				e.rate, e.quota = e.rate || ref.class == refusalRate, e.quota || ref.class == refusalQuota
 				e.note(sub.ID, map[bool]string{true: "rate limited: ", false: "quota exhausted: "}[ref.class == refusalRate]+ref.sentence)
 				continue
-			case ref.class == refusalModel && selecting: // the next candidate may take the request
+			case ref.class == refusalModel && j.selects: // the next candidate may take the request
 				e.rejectedStatus, rejected = ref.err.Status(), true
 				e.note(res.Route, "refused the request: "+ref.sentence)
 				continue
 			}
 			return e.settle(ctx, j, c, start, usage{}, failure.withAttempts(e.t.attempts))
 		}
-		if e.t.attempts > before && b.spends { // calls all refused count as one failure of the route (SPEC §13)
+		if e.t.attempts > before && j.spends { // calls all refused count as one failure of the route (SPEC §13)
 			e.perf.record(res.Route, false, e.now().Sub(begin), 0)
 		}
-		poolRefused[p.id], tried = len(queue) == 0 && !rejected, true
+		poolRefused[p.id] = len(queue) == 0 && !rejected
 	}
-	return e.exhausted(c.res, tried, unfit)
+	return e.exhausted(c.res, len(poolRefused) > 0, unfit)
 }
 
 // note records why the walk skipped or left who (a selector's: under its route).
@@ -291,20 +273,18 @@ func (e *engine) note(who, reason string) {
 // after calls, chosen from what they met; with none, from why not.
 func (e *engine) exhausted(res resolution, tried bool, unfit *apiError) *apiError {
 	n, list, route := e.t.attempts, strings.Join(e.reasons, "; "), cmp.Or(res.Route, res.Mode)
-	needsSignIn := func() bool { // no subscription of the route's provider (of a selector's: any) is active
-		items, err := e.inv.pool(e.agent, res.Provider.id) // a selector's has none: every provider
-		active := func(it overlayItem) bool { return e.ledger.entry(it.ID).Credential.State == credActive }
-		return err == nil && len(items) > 0 && !slices.ContainsFunc(items, active)
-	}
 	var ae *apiError
 	switch {
 	case !tried && unfit != nil: // every usable candidate needs a max_tokens nobody knows (SPEC §6.4) or another format
 		return unfit
-	case !tried && needsSignIn():
-		ae = refuse("subscription_reauthorization_required", "no subscription of agent %q for %s is active; sign in again",
-			e.agent, route)
-	case !tried:
+	case !tried: // a sign-in when no subscription of the route's provider (of a selector's: any, pool("")) is active
+		items, err := e.inv.pool(e.agent, res.Provider.id)
+		active := func(it overlayItem) bool { return e.ledger.entry(it.ID).Credential.State == credActive }
 		ae = refuse("credential_unauthorized", "no subscription of agent %q can serve %s", e.agent, route)
+		if err == nil && len(items) > 0 && !slices.ContainsFunc(items, active) {
+			ae = refuse("subscription_reauthorization_required", "no subscription of agent %q for %s is active; sign in again",
+				e.agent, route)
+		}
 	case n == 0 && e.refreshTransport != nil:
 		ae = e.refreshTransport
 	case n == 0 && len(e.blocks) > 0: // no call, so every block met was a skip
@@ -339,11 +319,6 @@ func (e *engine) send(hr *http.Request, c call, sub *overlayItem) (*http.Respons
 	if err := hr.Context().Err(); err != nil { // the caller hung up since the last call: none is sent
 		return nil, nil, classifyTransport(err)
 	}
-	for name, vs := range hr.Header { // net/http refuses such a value before sending: no call
-		if slices.ContainsFunc(vs, func(v string) bool { return controlAt(v) >= 0 }) {
-			return nil, nil, refuse("credential_unauthorized", "the %s header for provider %q would hold a control character (a newline in its credential?); no call was made", name, p.id)
-		}
-	}
 	e.t.attempts++
 	e.attempts.Add(1)
 	resp, err := e.client.Do(hr)
@@ -371,7 +346,7 @@ func (e *engine) commit(ctx context.Context, j *job, c call, req *callerRequest,
 	defer resp.Body.Close()
 	p, now := c.res.Provider.id, e.now()
 	u, ae, streamed := j.commit(ctx, c, req, resp)
-	if sub != nil && budgets[j.kind].spends {
+	if sub != nil && j.spends {
 		e.ledger.recordUse(sub.ID, p, ae == nil, u.InputTokens, u.OutputTokens)
 		if ae == nil { // only a success pins (SPEC §7.2.4), until a window (this answer's, a usage report's) resets, ≤ 24 h
 			e.pins.Store(e.agent+"\x00"+p, pin{sub.ID, e.ledger.firstReset(sub.ID, now, now.Add(24*time.Hour))})
@@ -393,7 +368,7 @@ func (e *engine) settle(ctx context.Context, j *job, c call, start time.Time, u 
 	if failure != nil && ctx.Err() != nil && failure.Code != "client_cancelled" {
 		failure = refuse("client_cancelled", "the caller went away while the provider answered").because(failure).withAttempts(e.t.attempts)
 	}
-	if budgets[j.kind].spends {
+	if j.spends {
 		e.t.input, e.t.output = u.InputTokens, u.OutputTokens
 		e.perf.record(c.res.Route, failure == nil, e.now().Sub(start), u.OutputTokens)
 		if failure != nil {
@@ -474,16 +449,18 @@ func (e *engine) eligible(provider string) ([]overlayItem, error) {
 // errSkipSubscription: no call on this subscription; the walk noted why.
 var errSkipSubscription = errors.New("subscription skipped")
 
-// subscriptionCredential is what a call of kind on sub presents, an expired grant or a just refusedToken refreshed first
-// (SPEC §7.2.3, §11.1). Skipped: a blocked sub when the kind rotates, one marked since the pool was read unless probed,
-// one no header could carry (a vault edited by hand: marked for a sign-in, SPEC §17).
-func (e *engine) subscriptionCredential(ctx context.Context, kind routeKind, sub overlayItem, refusedToken string) (upstreamCredential, error) {
-	if until := e.ledger.blockedUntil(sub.ID); budgets[kind].rotate && !until.IsZero() {
+// subscriptionCredential is what a call of j on sub presents, an expired grant or one whose access token was just refused
+// refreshed first (SPEC §7.2.3, §11.1). Skipped: a blocked sub when j rotates, one marked since the pool was read unless
+// probed (j.pool), one no header could carry (a vault edited by hand: marked for a sign-in, SPEC §17).
+func (e *engine) subscriptionCredential(ctx context.Context, j *job, sub overlayItem, token string) (upstreamCredential, error) {
+	if until := e.ledger.blockedUntil(sub.ID); j.rotate && !until.IsZero() {
 		e.blocks = append(e.blocks, until)
 		e.note(sub.ID, "blocked until "+until.UTC().Format(time.RFC3339))
 		return upstreamCredential{}, errSkipSubscription
-	} else if kind != kindProbe && e.ledger.entry(sub.ID).Credential.State != credActive { // the probe may revive it
+	} else if j.pool == nil && e.ledger.entry(sub.ID).Credential.State != credActive { // the probe may revive it
 		e.note(sub.ID, "credential refused meanwhile; sign in again")
+		return upstreamCredential{}, errSkipSubscription
+	} else if slices.Contains(e.skipped, sub.ID) { // its refresh failed: a later candidate of its provider walks the pool again
 		return upstreamCredential{}, errSkipSubscription
 	}
 	vc, err := e.inv.credential(sub.ID) // its refusal is SPEC §2.2's
@@ -492,16 +469,13 @@ func (e *engine) subscriptionCredential(ctx context.Context, kind routeKind, sub
 	}
 	cred := upstreamCredential{APIKey: vc.APIKey}
 	if g := vc.OAuth; g != nil {
-		if slices.Contains(e.skipped, sub.ID) { // a later candidate of the same provider walks this pool again
-			return upstreamCredential{}, errSkipSubscription
-		}
-		if refusedToken != "" || (expiredForRequest(*g, e.now()) && !slices.Contains(e.refreshed, sub.ID)) {
+		if token != "" || (expiredForRequest(*g, e.now()) && !slices.Contains(e.refreshed, sub.ID)) {
 			e.refreshed = append(e.refreshed, sub.ID)
-			ng, err := e.oauth.refresh(ctx, sub.ID, sub.Provider, refusedToken)
+			ng, err := e.oauth.refresh(ctx, sub.ID, sub.Provider, token)
 			var re *endpointError
 			switch {
 			case errors.Is(err, errRefreshSuperseded): // a sign-in replaced the grant meanwhile: the call uses its (SPEC §11.1)
-				return e.subscriptionCredential(ctx, kind, sub, "")
+				return e.subscriptionCredential(ctx, j, sub, "")
 			case err != nil && ctx.Err() != nil: // the caller hung up while it waited: no skip, no call (SPEC §7.4)
 				return upstreamCredential{}, refuse("client_cancelled", "the caller went away during a grant refresh").because(err)
 			case errors.As(err, &re) && !re.Definitive:
@@ -514,7 +488,7 @@ func (e *engine) subscriptionCredential(ctx context.Context, kind routeKind, sub
 				e.skipped = append(e.skipped, sub.ID)
 				return upstreamCredential{}, errSkipSubscription
 			}
-			if g = &ng; refusedToken != "" {
+			if g = &ng; token != "" {
 				e.note(sub.ID, "refused the access token; refreshed")
 			}
 		}

@@ -561,14 +561,12 @@ func TestAnthropicMaxTokensRule(t *testing.T) {
 // and count_tokens; at most two on a subscription route and on each selector
 // candidate; only those two rotate.
 func TestBudgets(t *testing.T) {
-	want := map[routeKind]budget{
-		kindDirect:       {calls: 1, spends: true},
-		kindSubscription: {calls: 2, rotate: true, spends: true},
-		kindSelector:     {calls: 2, rotate: true, spends: true},
-		kindProbe:        {calls: 1},
-		kindCountTokens:  {calls: 1},
-	}
-	if diff := cmp.Diff(want, budgets, cmp.AllowUnexported(budget{})); diff != "" {
+	want := budgets // every row set below
+	want.direct = budget{calls: 1, spends: true}
+	want.subscription = budget{calls: 2, rotate: true, spends: true}
+	want.selector = budget{calls: 2, rotate: true, spends: true, selects: true}
+	want.probe, want.countTokens = budget{calls: 1}, budget{calls: 1}
+	if diff := cmp.Diff(want, budgets, cmp.AllowUnexported(want, budget{})); diff != "" {
 		t.Errorf("budgets (-SPEC +table):\n%s", diff)
 	}
 }

@@ -29,8 +29,8 @@ type maintainer struct {
 	passes, dropped  int64                  // passes started; requests dropped by the SPEC §11.2 rule
 	lastOK           bool                   // the last pass ended ok
 	lastAt           [2]time.Time           // when the last pass started and ended; zero before the first ends
-	timer            ledgerStopper          // the armed due timer; nil when none or it fired
-	timerAt          time.Time              // the moment it is armed for; zero none
+	timer            ledgerStopper          // the armed due timer; nil when none
+	timerAt          time.Time              // the moment it is armed for; zero when none or it fired
 }
 
 // passReport is the body of POST /v1/admin/maintain (SPEC §11.2); err (never sent): the pass could not list the subscriptions.
@@ -104,7 +104,7 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 	m.mu.Lock()                 // first: the journal read must not come between now and the pending check
 	fold, _ := m.inv.j.folded() // unreadable: no moment is skipped
 	due := m.o.ledger.nextDue(now, fold.retire)
-	if m.asked[""] == nil && m.timer != nil && !m.timerAt.After(now) {
+	if m.timer != nil && !m.timerAt.After(now) { // its moment passed, or it fired (timerAt zero) whatever the clock says
 		m.arm(time.Time{}, now)
 		m.want("", "due")
 	}
@@ -167,9 +167,8 @@ func (m *maintainer) arm(due, now time.Time) {
 	t = m.afterFunc(due.Sub(now), func() {
 		m.mu.Lock()
 		defer m.mu.Unlock()
-		if m.timer == t { // fired: the next turn arms afresh
-			m.timer = nil
-			m.want("", "due")
+		if m.timer == t { // fired: the loop's next turn runs a pass
+			m.timerAt = time.Time{}
 			nudge(m.o.ledger.changed)
 		}
 	})
@@ -177,9 +176,9 @@ func (m *maintainer) arm(due, now time.Time) {
 }
 
 // request asks for a pass over agent's subscriptions after its refusal for want of a signed-in subscription, dropped when one
-// covering agent started since the last change (SPEC §11.2, §17). Nil-safe.
+// covering agent started since the last change (SPEC §11.2, §17).
 func (m *maintainer) request(reason, agent string) {
-	if m == nil || agent == "" {
+	if agent == "" {
 		return
 	}
 	m.mu.Lock()
@@ -196,19 +195,22 @@ func (m *maintainer) request(reason, agent string) {
 
 // changed records an inventory or credential change (donation, sign-in, reinstate, replacement), so the next request counts again.
 func (m *maintainer) changed() {
-	if m != nil {
-		m.mu.Lock()
-		clear(m.fresh)
-		m.mu.Unlock()
-	}
+	m.mu.Lock()
+	clear(m.fresh)
+	m.mu.Unlock()
 }
 
-// passNow answers POST /v1/admin/maintain from a pass started after the call (a running one may predate the operator's change).
+// passNow answers POST /v1/admin/maintain from the next pass over everyone, started after the call (a running one may
+// predate the operator's change).
 func (m *maintainer) passNow(ctx context.Context) (passReport, error) {
-	t, err := m.ask("maintain")
-	if err != nil {
-		return passReport{}, err
+	m.mu.Lock()
+	if !m.looping {
+		m.mu.Unlock()
+		return passReport{}, errMaintenanceStopped
 	}
+	t := m.want("", "maintain")
+	nudge(m.o.ledger.changed)
+	m.mu.Unlock()
 	select {
 	case <-t.done:
 		return t.rep, t.rep.err
@@ -217,25 +219,8 @@ func (m *maintainer) passNow(ctx context.Context) (passReport, error) {
 	}
 }
 
-// ask asks for the next pass over everyone and returns the ticket it will answer.
-func (m *maintainer) ask(reason string) (*passTicket, error) {
-	if m == nil {
-		return nil, errMaintenanceStopped
-	}
-	m.mu.Lock()
-	defer nudge(m.o.ledger.changed)
-	defer m.mu.Unlock()
-	if !m.looping {
-		return nil, errMaintenanceStopped
-	}
-	return m.want("", reason), nil
-}
-
-// metrics is the maintenance state as /metrics numbers (SPEC §13). Nil-safe.
+// metrics is the maintenance state as /metrics numbers (SPEC §13).
 func (m *maintainer) metrics() map[string]float64 {
-	if m == nil {
-		return map[string]float64{"brama_maintenance_passes_total": 0}
-	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	flag := map[bool]float64{true: 1}
@@ -346,14 +331,28 @@ func (m *maintainer) readUsage(ctx context.Context, s *passSub) {
 			err = fmt.Errorf("not read: the expired grant could not be refreshed: %w", err)
 		}
 	}
-	var ws []planWindow
-	if err == nil {
-		ws, err = m.fetchUsage(ctx, provider, cred)
+	// GET with the headers of provider's calls but their Content-Type (a GET has no body).
+	p, _ := lookupProvider(provider)
+	g, ws := cmp.Or(cred.OAuth, &oauthGrant{}), []planWindow(nil)
+	if endpoint, uerr := p.usageEndpoint(m.o.getenv); err == nil && uerr != nil {
+		err = uerr
+	} else if err == nil {
+		h := http.Header{}
+		setProviderHeaders(h, p, upstreamCredential{cred.APIKey, g.AccessToken, g.AccountID}, nil, false)
+		h.Del("Content-Type")
+		status, body, cerr := callEndpoint(ctx, m.o.client, http.MethodGet, endpoint, nil, h)
+		if cerr == nil && status/100 == 2 {
+			ws, cerr = p.readUsage(body, m.o.now())
+		} else if cerr != nil && status != 0 {
+			cerr = fmt.Errorf("the body ended early: %w", cerr)
+		}
+		if cerr != nil || status/100 != 2 {
+			err = &endpointError{Op: "usage report GET", Endpoint: endpoint, Status: status, Received: len(body), Err: cerr}
+		}
 	}
 	switch {
 	case ctx.Err() != nil:
 	case err != nil:
-		g := cmp.Or(cred.OAuth, &oauthGrant{})
 		s.failed = ledgerSentence(redact(err.Error(), cred.APIKey, g.AccessToken, g.RefreshToken, g.IDToken))
 		m.o.ledger.recordCheck(id, provider, false, false, s.failed)
 		m.o.log.Warn("usage_read_failed", "subscription_id", id, "provider", provider, "error", s.failed)
@@ -384,28 +383,6 @@ func (m *maintainer) refresh(ctx context.Context, s *passSub) error {
 		s.refreshed, s.refused = err == nil, err != nil && !errors.Is(err, errRefreshSuperseded)
 	}
 	return err
-}
-
-// fetchUsage GETs and reads provider's report with the headers of provider's calls but their Content-Type (a GET has no body).
-func (m *maintainer) fetchUsage(ctx context.Context, provider string, cred vaultCredential) ([]planWindow, error) {
-	p, _ := lookupProvider(provider)
-	endpoint, err := p.usageEndpoint(m.o.getenv)
-	if err != nil {
-		return nil, err
-	}
-	g, h := cmp.Or(cred.OAuth, &oauthGrant{}), http.Header{}
-	setProviderHeaders(h, p, upstreamCredential{cred.APIKey, g.AccessToken, g.AccountID}, nil, false)
-	h.Del("Content-Type")
-	status, body, err := callEndpoint(ctx, m.o.client, http.MethodGet, endpoint, nil, h)
-	if err == nil && status/100 == 2 {
-		var ws []planWindow
-		if ws, err = p.readUsage(body, m.o.now()); err == nil {
-			return ws, nil
-		}
-	} else if err != nil && status != 0 {
-		err = fmt.Errorf("the body ended early: %w", err)
-	}
-	return nil, &endpointError{Op: "usage report GET", Endpoint: endpoint, Status: status, Received: len(body), Err: err}
 }
 
 // probe runs one completion probe on the live subscription it with model ("": the built-in one), as a request would meet
@@ -447,7 +424,7 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, 
 func (e *engine) ping(ctx context.Context, c call, pool []overlayItem) (u usage, ae *apiError) {
 	ping := []message{{Role: "user", Parts: []part{{Type: partText, Text: "ping"}}}}
 	req := chatRequest{Model: c.res.Route, MaxTokens: 16, Messages: ping} // SPEC §11.3's output limit
-	ae = e.attemptRoute(ctx, &job{kind: kindProbe, pool: pool,
+	ae = e.attemptRoute(ctx, &job{budget: budgets.probe, pool: pool,
 		build: func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
 			return buildUpstreamRequest(ctx, c, &req)
 		},
