@@ -182,7 +182,6 @@ func (rec *answerRecord) validate() error {
 		return err == nil && t.Format(journalTimeFormat) == *s
 	}
 	return firstBroken([]rule{
-		{rec.SchemaVersion != 1, "schema_version is not 1"},
 		{rec.BootID == "" || !idPattern.MatchString(rec.Client), "boot_id is empty or client is not a client id"},
 		{!isHexDigest(rec.KeySHA256) || !isHexDigest(rec.RequestSHA256), "key_sha256 or request_sha256 is not lower-case hex"},
 		{!isTime(&rec.StartedAt) || done && !isTime(rec.CompletedAt), "started_at or completed_at is not RFC 3339 UTC with ms"},

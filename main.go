@@ -340,9 +340,6 @@ var errOnboardingInvalid = errors.New("onboarding progress is invalid")
 func parseOnboarding(b []byte) (*onboardProgress, error) {
 	prog := &onboardProgress{SchemaVersion: 1}
 	err := decodeStrict(onboardFile, b, prog)
-	if err == nil && prog.SchemaVersion != 1 {
-		err = fmt.Errorf("schema_version %d is not 1", prog.SchemaVersion)
-	}
 	if len(b) > 0 && err != nil {
 		return nil, fmt.Errorf("%w: %w (remove the file to start the journey again)", errOnboardingInvalid, err)
 	}
