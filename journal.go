@@ -95,10 +95,7 @@ func (j *journal) ready() error {
 		path, mode = filepath.Dir(path), 0x2|0x1 // a plain file fails X_OK
 		_, err = os.Stat(path)
 	}
-	if err == nil {
-		err = syscall.Access(path, mode)
-	}
-	if err != nil {
+	if err = cmp.Or(err, syscall.Access(path, mode)); err != nil {
 		return fmt.Errorf("journal: cannot write %s: %w", path, err)
 	}
 	return nil
@@ -276,7 +273,6 @@ func parseJournalLine(line []byte) (r journalRecord, reason string) {
 	return r, ""
 }
 
-// boolCount is 1 for true: a count of the cases that hold.
 func boolCount(b bool) int {
 	if b {
 		return 1

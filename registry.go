@@ -21,8 +21,6 @@ import (
 	"unicode/utf8"
 )
 
-// The route registry (SPEC §4) and the clients file (§3.1), each a strict document with a rule table; alias resolution (§5).
-
 var (
 	aliasPattern    = regexp.MustCompile(`^([a-z0-9._/-]{1,128}|[a-z0-9._-]{1,128}\*)$`) // exact, or a prefix alias
 	namePattern     = regexp.MustCompile(`^[a-z0-9._-]{1,128}$`)                         // deployments and adapters
@@ -269,11 +267,7 @@ func newRegistry(path string, pathErr error, j *journal, log *slog.Logger) *regi
 // current returns the shared document; each distinct failure is logged once.
 func (r *registry) current() (*routesDoc, error) {
 	doc, err := r.load()
-	reason := "" // a success: the same failure after a repair is logged again
-	if err != nil {
-		reason = err.Error()
-	}
-	if r.lastLogged.Swap(reason) != reason && err != nil {
+	if reason := fmt.Sprint(err); r.lastLogged.Swap(reason) != reason && err != nil { // a success resets it
 		r.log.Warn("inference_routes_invalid", "reason", reason)
 	}
 	return doc, err
@@ -331,8 +325,7 @@ func (r *registry) commit(change func(doc *routesDoc) (*journalRecord, error)) (
 		case err != nil:
 			return err
 		case rec != nil && journalErr != nil:
-			e := refuse("dependency_unavailable", "route registry not changed: the journal cannot record it: %v", journalErr)
-			return e.because(journalErr)
+			return refuse("dependency_unavailable", "route registry not changed: the journal cannot record it: %v", journalErr).because(journalErr)
 		case len(staged) > maxRegistryBytes:
 			return refuse("state_conflict", "the route registry would be %d bytes, over the 1 MiB limit", len(staged))
 		case invalid != nil:
@@ -393,7 +386,7 @@ func (r *registry) aliases(hasDirect, mayUse func(string) bool) (aliasTable, err
 		}
 		if mayUse == nil || mayUse(alias) {
 			t.Aliases = append(t.Aliases, aliasRow{aliasDetails{alias, st, &dest}, reason})
-			t.Unserviceable += map[bool]int{true: 1}[st != stateServing]
+			t.Unserviceable += boolCount(st != stateServing)
 		}
 	}
 	return t, nil

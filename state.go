@@ -439,8 +439,6 @@ func (v *vault) writeUnwritten(log *slog.Logger) {
 	}
 }
 
-// The value helpers every layer uses.
-
 func jsonText(s string) json.RawMessage { return must(json.Marshal(s)) }
 
 func ptrTo[T any](v T) *T { return &v }
