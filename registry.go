@@ -392,7 +392,6 @@ func (r *registry) aliases(hasDirect, mayUse func(string) bool) (aliasTable, err
 	return t, nil
 }
 
-// withAlias gives e SPEC §5.2's alias details.
 func withAlias(e *apiError, alias, state string, route *string) *apiError {
 	e.Details = &aliasDetails{Alias: alias, State: state, Route: route}
 	return e
@@ -412,8 +411,7 @@ type resolution struct {
 // the one reading of a destination that alias states, writers and resolution share.
 func (doc *routesDoc) destination(dest string, hasDirect func(provider string) bool) (res resolution, st, reason string) {
 	if dest == modeBest {
-		reason = "Routes to best: the operator's preferred subscription route, then the agent's other subscription models."
-		return resolution{Mode: modeBest}, stateServing, reason
+		return resolution{Mode: modeBest}, stateServing, "Routes to best: the operator's preferred subscription route, then the agent's other subscription models."
 	}
 	provider, model, canonical := strings.Cut(dest, "/")
 	if !canonical {

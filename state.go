@@ -56,16 +56,15 @@ func (s state) path(what, file string) (string, error) {
 	return filepath.Join(s.dir, file), nil
 }
 
-// fileOrState is the absolute path env names, else s.path(what, file).
 func (s state) fileOrState(getenv func(string) string, env, what, file string) (string, error) {
-	switch p := strings.TrimSpace(getenv(env)); {
+	p := strings.TrimSpace(getenv(env))
+	switch {
 	case p == "":
 		return s.path(what, file)
 	case !filepath.IsAbs(p):
 		return "", fmt.Errorf("%s has %w: %s %q is not an absolute path", what, errNoState, env, p)
-	default:
-		return p, nil
 	}
+	return p, nil
 }
 
 // envWhole reads name as a whole number of unit ≥ least in bits: unset is def, a bad value def and an error.
@@ -384,8 +383,7 @@ type vault struct {
 }
 
 func newVault(path string, pathErr error) *vault {
-	v := &vault{unwritten: map[string][2]oauthGrant{}}
-	v.stateFile = stateFile[*vaultDoc]{role: "vault", path: path, pathErr: pathErr}
+	v := &vault{stateFile: stateFile[*vaultDoc]{role: "vault", path: path, pathErr: pathErr}, unwritten: map[string][2]oauthGrant{}}
 	v.parse = func(b []byte) (*vaultDoc, error) { // stateFile runs it under mu
 		doc, err := parseVault(b)
 		for id, u := range v.unwritten {
