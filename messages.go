@@ -11,7 +11,8 @@ import (
 	"strings"
 )
 
-// Anthropic Messages (caller POST /v1/messages, provider {base}/v1/messages): both directions, buffered and streamed. The wire shapes serve both.
+// Anthropic Messages (caller POST /v1/messages, provider {base}/v1/messages): both directions, buffered and
+// streamed; each wire shape serves both.
 type (
 	messagesRequestBody struct {
 		callerHead
@@ -29,18 +30,17 @@ type (
 		Role    string          `json:"role"`
 		Content json.RawMessage `json:"content"`
 	}
-	messagesBlock struct {
-		Type      string          `json:"type"`
-		Text      *string         `json:"text,omitempty"`
-		Source    *messagesSource `json:"source,omitempty"`
-		Title     string          `json:"title,omitempty"`
-		ID        string          `json:"id,omitempty"`
-		Name      string          `json:"name,omitempty"`
-		Input     json.RawMessage `json:"input,omitempty"`
-		ToolUseID string          `json:"tool_use_id,omitempty"`
-		Content   json.RawMessage `json:"content,omitempty"`
-		IsError   bool            `json:"is_error,omitempty"`
-		// a delta's members (content_block_delta, message_delta)
+	messagesBlock struct { // a content block, and a delta (content_block_delta's, message_delta's)
+		Type         string          `json:"type"`
+		Text         *string         `json:"text,omitempty"`
+		Source       *messagesSource `json:"source,omitempty"`
+		Title        string          `json:"title,omitempty"`
+		ID           string          `json:"id,omitempty"`
+		Name         string          `json:"name,omitempty"`
+		Input        json.RawMessage `json:"input,omitempty"`
+		ToolUseID    string          `json:"tool_use_id,omitempty"`
+		Content      json.RawMessage `json:"content,omitempty"`
+		IsError      bool            `json:"is_error,omitempty"`
 		PartialJSON  *string         `json:"partial_json,omitempty"`
 		StopReason   string          `json:"stop_reason,omitempty"`
 		StopSequence json.RawMessage `json:"stop_sequence,omitempty"`
@@ -88,7 +88,13 @@ type (
 	}
 )
 
-const messagesKnown = "model max_tokens system messages tools tool_choice temperature top_p stop_sequences thinking output_config output_format stream"
+// The members a caller's body may hold, and the Anthropic-Beta values output_config.effort and a JSON Schema output
+// format need (SPEC §7.6).
+const (
+	messagesKnown         = "model max_tokens system messages tools tool_choice temperature top_p stop_sequences thinking output_config output_format stream"
+	effortBeta            = "effort-2025-11-24"
+	structuredOutputsBeta = "structured-outputs-2025-11-13"
+)
 
 // Tables: tool_choice types as neutral modes; stop reasons as finishes (any other, as end_turn, stop_sequence, pause_turn: a stop) and
 // back (else end_turn); effort names as thinking budgets (a budget maps back to the nearest effort at or above it, SPEC §7.6).
@@ -99,12 +105,6 @@ var (
 	messagesStopReasons = map[string]string{finishLength: "max_tokens", finishToolCalls: "tool_use", finishContentFilter: "refusal"}
 	effortNames         = []string{"none", "minimal", "low", "medium", "high", "xhigh"}
 	effortBudgets       = []int{0, 1024, 2048, 8192, 24576, 32768}
-)
-
-// Anthropic-beta values: output_config.effort's, and a JSON Schema output format's (SPEC §7.6).
-const (
-	effortBeta            = "effort-2025-11-24"
-	structuredOutputsBeta = "structured-outputs-2025-11-13"
 )
 
 // parseMessages reads a caller's Messages body; every step runs and the first refusal wins.
@@ -162,8 +162,8 @@ func parseMessages(cr *callerRequest) (chatRequest, error) {
 	return req.finishParse(err, "messages must hold at least one user or assistant turn")
 }
 
-// messagesBlockMembers names the members Brama carries of each block type it reads; is_error is named dropped
-// when true (no OpenAI format has the flag).
+// messagesBlockMembers names the members Brama carries of each block type (is_error, true, is named dropped: no
+// OpenAI format has it).
 var messagesBlockMembers = map[string]string{"text": "type text", "image": "type source", "document": "type source title",
 	"tool_use": "type id name input", "tool_result": "type tool_use_id content is_error"}
 
@@ -209,8 +209,7 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 			if !rawIsNull(bl.Content) {
 				inner, err = req.messagesParts("result", bl.Content, path+".content")
 			}
-			p = toolResult(bl.ToolUseID, inner, false)
-			if bl.ToolUseID == "" {
+			if p = toolResult(bl.ToolUseID, inner, false); bl.ToolUseID == "" {
 				err = refuse("invalid_request", "%s.tool_use_id is required", path)
 			}
 			p.IsError = bl.IsError
@@ -233,7 +232,9 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 // image's or document's data URL is base64 data (text for text/plain), any other URL a url source.
 func (req *chatRequest) messagesContent(ps []part) (json.RawMessage, error) {
 	var blocks []messagesBlock
-	for _, p := range ps {
+	for _, p := range slices.SortedStableFunc(slices.Values(ps), func(a, b part) int {
+		return boolCount(b.Type == partToolResult) - boolCount(a.Type == partToolResult)
+	}) {
 		var b messagesBlock
 		var err error
 		switch p.Type {
@@ -274,9 +275,6 @@ func (req *chatRequest) messagesContent(ps []part) (json.RawMessage, error) {
 		}
 		blocks = append(blocks, b)
 	}
-	slices.SortStableFunc(blocks, func(a, b messagesBlock) int {
-		return boolCount(b.Type == "tool_result") - boolCount(a.Type == "tool_result")
-	})
 	return jsonArray(blocks), nil
 }
 
@@ -288,8 +286,7 @@ func encodeMessages(req *chatRequest, c call, h http.Header) ([]byte, error) {
 		MaxTokens: req.MaxTokens, StopSequences: req.Stop}
 	switch {
 	case c.claudeCode():
-		identity := []part{{Type: partText, Text: claudeCodeIdentity}, {Type: partText, Text: req.System}}
-		out.System, _ = req.messagesContent(identity)
+		out.System, _ = req.messagesContent([]part{{Type: partText, Text: claudeCodeIdentity}, {Type: partText, Text: req.System}})
 	case req.System != "":
 		out.System = jsonText(req.System)
 	}
@@ -361,8 +358,7 @@ func encodeMessages(req *chatRequest, c call, h http.Header) ([]byte, error) {
 	return json.Marshal(out)
 }
 
-// messagesToolID is a call id as Anthropic takes it (^[a-zA-Z0-9_-]+$): another
-// provider's (kimi's "functions.f:0") with every other character "_", in a call and its result alike.
+// messagesToolID is a call id as Anthropic takes it (^[a-zA-Z0-9_-]+$): kimi's "functions.f:0" as "functions_f_0".
 func messagesToolID(id string) string { return notToolID.ReplaceAllString(id, "_") }
 
 var notToolID = regexp.MustCompile(`[^a-zA-Z0-9_-]`)
@@ -380,8 +376,7 @@ func toolArguments(args string) (json.RawMessage, error) {
 // output_config.effort and refuses a budget (Claude Code 2.1.332 decides so too); an earlier, dated (claude-opus-4-20250514) or unknown model takes a budget.
 var adaptiveModels = regexp.MustCompile(`^claude-(?:opus|sonnet|haiku)-(?:0?[5-9]|[1-9]\d|0?4-(?:0?[6-9]|[1-9]\d))(?:-|$)`)
 
-// decodeMessages gives a whole message to rd's caller stream block by block, as its stream would (a call's input
-// compacted, none "{}").
+// decodeMessages gives a whole message to rd's caller stream block by block, as its stream would.
 func decodeMessages(body []byte, rd *streamReader) error {
 	var r messagesAnswer
 	if err := json.Unmarshal(body, &r); err != nil || r.Type != "message" {
@@ -404,7 +399,6 @@ func decodeMessages(body []byte, rd *streamReader) error {
 	return rd.ended()
 }
 
-// messagesSteps names each step's event.
 var messagesSteps = [...]string{stepBegin: "message_start", stepOpen: "content_block_start", stepDelta: "content_block_delta",
 	stepClose: "content_block_stop", stepEnd: "message_delta", stepFail: "error"}
 
@@ -453,8 +447,6 @@ func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string)
 	return s.frame(ev.Type, ev)
 }
 
-// The messages part of the one stream reader (relay.go's streamReader).
-
 // readMessages: message_stop ends; usage comes in message_start (given the caller stream at once: a stream
 // cut later still records it) and message_delta, whose output count is the whole.
 func (r *streamReader) readMessages(typ string, e rawObject) (keep, end bool, err error) {
@@ -470,13 +462,12 @@ func (r *streamReader) readMessages(typ string, e rawObject) (keep, end bool, er
 		r.usage, err = usageOf(r.protocol, m.value("usage")) // a stream cut later still records it
 	case "message_delta":
 		var d messagesBlock
-		err = r.decode(e, "delta", &d)
 		u, uerr := usageOf(r.protocol, e.value("usage"))
 		if u.Reported { // newer streams repeat the cumulative input count
 			r.usage = usage{cmp.Or(u.InputTokens, r.usage.InputTokens), u.OutputTokens, true}
 		}
+		err = cmp.Or(r.decode(e, "delta", &d), uerr)
 		r.finish = cmp.Or(messagesFinishes[d.StopReason], r.finish) // any other reason: a stop, at message_stop
-		err = cmp.Or(err, uerr)
 	case "message_stop":
 		r.finished, r.finish = true, cmp.Or(r.finish, finishStop)
 		return true, true, r.ended()

@@ -70,8 +70,7 @@ func splitRaw(src []byte, open byte, scratch []jsonMember) (rawObject, bool) {
 }
 
 // value is the raw value of the last member named key (encoding/json's rule for a repeated key), nil when absent.
-func (o rawObject) value(key string) json.RawMessage {
-	var v json.RawMessage
+func (o rawObject) value(key string) (v json.RawMessage) {
 	for _, m := range o.members {
 		if string(m.key) == key {
 			v = o.src[m.val:m.end]
@@ -150,9 +149,7 @@ func skipJSONValue(b []byte, i int) int {
 		switch b[i] {
 		case '"': // to the closing quote
 			for i++; i < len(b) && b[i] != '"'; i++ {
-				if b[i] == '\\' {
-					i++
-				}
+				i += boolCount(b[i] == '\\')
 			}
 		case '{', '[':
 			depth++
@@ -306,24 +303,18 @@ func (c call) claudeCode() bool {
 // estimateInputTokens is SPEC §15's local estimate: the bytes of the system text, every text part, tool_use
 // input and tool_result content, and the tools as sent, ÷ 4 rounded up.
 func estimateInputTokens(o rawObject) int {
-	var textOf func(raw json.RawMessage) int
-	textOf = func(raw json.RawMessage) int { // a string, or blocks; a message (no type) counts as its content
-		var s string
-		if json.Unmarshal(raw, &s) == nil {
-			return len(s)
-		}
-		var blocks []struct {
-			Text           string
-			Input, Content json.RawMessage
-		}
+	var size func(raw json.RawMessage) int
+	size = func(raw json.RawMessage) int { // a string, or blocks; a message (no type) counts as its content
+		s, _ := jsonString(raw)
+		n := len(s)
+		var blocks []messagesBlock
 		json.Unmarshal(raw, &blocks)
-		n := 0
 		for _, b := range blocks { // a text part has only text, a tool_use only input, a tool_result only content
-			n += len(b.Text) + len(b.Input) + textOf(b.Content)
+			n += len(valueOr(b.Text, "")) + len(b.Input) + size(b.Content)
 		}
 		return n
 	}
-	n := textOf(o.value("system")) + textOf(o.value("messages"))
+	n := size(o.value("system")) + size(o.value("messages"))
 	if t := o.value("tools"); !rawIsNull(t) {
 		n += len(t)
 	}
@@ -354,11 +345,12 @@ func rawShape(raw json.RawMessage) byte {
 // rawMember is raw's member name (any case, as encoding/json matches), nil when none.
 func rawMember(raw json.RawMessage, name string) json.RawMessage {
 	o, _ := splitRaw(raw, '{', nil)
-	i := slices.IndexFunc(o.members, func(m jsonMember) bool { return strings.EqualFold(string(m.key), name) })
-	if i < 0 {
-		return nil
+	for _, m := range o.members {
+		if strings.EqualFold(string(m.key), name) {
+			return o.src[m.val:m.end]
+		}
 	}
-	return o.src[o.members[i].val:o.members[i].end]
+	return nil
 }
 
 // buildUpstreamRequest is req's call c in its provider's protocol and wire details (SPEC §6.2).
