@@ -170,7 +170,7 @@ var messagesBlockMembers = map[string]string{"text": "type text", "image": "type
 // messagesParts reads a turn's content (role "result": a tool result's): a string or blocks; other blocks
 // (thinking, a file) and members (cache_control, citations) are dropped and named.
 func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what string) ([]part, error) {
-	read := func(bl messagesBlock, rb json.RawMessage, path string) (p part, err error) {
+	parts, err := callerParts(req, raw, what, "content blocks", func(bl messagesBlock, rb json.RawMessage, path string) (p part, err error) {
 		if bl.Type == "tool_use" && role != "assistant" || bl.Type == "tool_result" && role != "user" {
 			return p, refuse("invalid_request", "%s.type %s is not allowed in a %s turn", path, quoteCallerToken(bl.Type), role)
 		}
@@ -219,17 +219,15 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 		req.dropUnknown(rb, messagesBlockMembers[bl.Type])
 		req.drop(bl.IsError, "is_error")
 		return p, err
-	}
-	parts, err := callerParts(req, raw, what, "content blocks", read)
+	})
 	if err == nil && len(parts) == 0 && role != "result" {
 		return nil, refuse("invalid_request", "%s must hold at least one content block Brama can carry", what)
 	}
 	return parts, err
 }
 
-// messagesContent is parts as a JSON array of blocks (nil for none), tool results first and no empty text (the API
-// requires both); a custom tool's call is the one-string-member object (SPEC §7.6); an image's detail is dropped; an
-// image's or document's data URL is base64 data (text for text/plain), any other URL a url source.
+// messagesContent is parts as blocks (nil for none), tool results first and no empty text (the API requires both); a
+// custom tool's call is the one-string-member object (SPEC §7.6); a base64 data URL is base64 data (text/plain: text).
 func (req *chatRequest) messagesContent(ps []part) (json.RawMessage, error) {
 	var blocks []messagesBlock
 	for _, p := range slices.SortedStableFunc(slices.Values(ps), func(a, b part) int {
@@ -259,9 +257,8 @@ func (req *chatRequest) messagesContent(ps []part) (json.RawMessage, error) {
 			url := p.ImageURL + p.FileURL
 			b = messagesBlock{Type: p.Type, Title: p.Filename, Source: &messagesSource{Type: "url", URL: url}}
 			if rest, isData := strings.CutPrefix(url, "data:"); isData {
-				meta, data, ok := strings.Cut(rest, ",")
-				media, isBase64 := strings.CutSuffix(meta, ";base64")
-				if !ok || !isBase64 || media == "" || data == "" {
+				media, data, ok := strings.Cut(rest, ";base64,")
+				if !ok || media == "" || strings.Contains(media, ",") || data == "" {
 					return nil, refuse("invalid_request", "an image or file data URL must be base64 with a media type")
 				}
 				b.Source = &messagesSource{Type: "base64", MediaType: media, Data: data}
@@ -335,8 +332,7 @@ func encodeMessages(req *chatRequest, c call, h http.Header) ([]byte, error) {
 		}
 		if err != nil {
 			return nil, err
-		}
-		if content != nil { // only empty text: the API refuses an empty turn
+		} else if content != nil { // only empty text: the API refuses an empty turn
 			turns = append(turns, messagesTurn{Role: m.Role, Content: content})
 		}
 	}
@@ -387,8 +383,7 @@ func decodeMessages(body []byte, rd *streamReader) error {
 		if err == nil && b.Type == "tool_use" && !rawIsNull(b.Input) {
 			var in bytes.Buffer
 			json.Compact(&in, b.Input) // cannot fail: Input came out of the decoded body
-			d := messagesBlock{Type: "input_json_delta", PartialJSON: ptrTo(in.String())}
-			err = rd.readBlock("content_block_delta", i, nil, &d)
+			err = rd.readBlock("content_block_delta", i, nil, &messagesBlock{Type: "input_json_delta", PartialJSON: ptrTo(in.String())})
 		}
 		if err = cmp.Or(err, rd.readBlock("content_block_stop", i, nil, nil)); err != nil {
 			return err
@@ -447,8 +442,7 @@ func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string)
 	return s.frame(ev.Type, ev)
 }
 
-// readMessages: message_stop ends; usage comes in message_start (given the caller stream at once: a stream
-// cut later still records it) and message_delta, whose output count is the whole.
+// readMessages: message_stop ends; usage comes in message_start and message_delta, whose output count is the whole.
 func (r *streamReader) readMessages(typ string, e rawObject) (keep, end bool, err error) {
 	switch typ {
 	case "error":

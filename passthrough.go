@@ -17,8 +17,8 @@ import (
 // members §6.2 and §6.4 name, edited by their byte spans, never re-encoded; its answer is relayed as received, read
 // by the stream reader only for usage (§13), the terminal signal and the in-band error (§7.5).
 
-// jsonMember is one member of a rawObject: key (rawText), sep where its segment starts (just past the previous
-// value or the '{': it holds the comma), val:end its value.
+// jsonMember is one member of a rawObject: key (rawText), sep:end its segment (from just past the previous value:
+// it holds the comma), val:end its value.
 type jsonMember struct {
 	key           []byte
 	sep, val, end int
@@ -85,7 +85,6 @@ type memberEdit struct {
 	value []byte
 }
 
-// edit is the object with edits applied and every other byte kept.
 func (o rawObject) edit(edits ...memberEdit) []byte {
 	out := bytes.NewBuffer(make([]byte, 0, len(o.src)+64))
 	o.writeEdited(out, edits...)
@@ -126,8 +125,7 @@ func (o rawObject) writeEdited(w io.Writer, edits ...memberEdit) {
 	w.Write(o.src[tail:])
 }
 
-// rawText is a JSON string's text, the source's bytes when it has no escapes
-// (string(t) == "…" allocates nothing); nil for anything but a string.
+// rawText is a JSON string's text, the source's bytes when it has no escapes (string(t) == "…" allocates nothing).
 func rawText(raw []byte) []byte {
 	if len(raw) < 2 || raw[0] != '"' {
 		return nil
@@ -142,8 +140,7 @@ func rawText(raw []byte) []byte {
 
 func skipJSONSpace(b []byte, i int) int { return len(b) - len(bytes.TrimLeft(b[i:], " \t\n\r")) }
 
-// skipJSONValue returns the index just past the valid value (or key) at i. It counts brackets without recursion, so
-// no depth can exhaust a stack.
+// skipJSONValue is the index just past the valid value (or key) at i; no recursion, so no depth exhausts a stack.
 func skipJSONValue(b []byte, i int) int {
 	for depth := 0; i < len(b); i++ {
 		switch b[i] {
@@ -169,8 +166,7 @@ func skipJSONValue(b []byte, i int) int {
 	return len(b)
 }
 
-// callerRequest is a caller's chat request: the raw body, the head Brama
-// acts on, the neutral request once a call across formats needs it.
+// callerRequest is a caller's chat request: the raw body, the head Brama acts on, the neutral request once needed.
 type callerRequest struct {
 	dialect string
 	body    rawObject
@@ -180,7 +176,6 @@ type callerRequest struct {
 	sent    *chatRequest  // the last translated call's request, Dropped what it lost (chatRequest.drop)
 }
 
-// outputLimitNames are each dialect's names for the output limit.
 var outputLimitNames = map[string][]string{
 	dialectChat:      {"max_completion_tokens", "max_tokens"},
 	dialectMessages:  {"max_tokens"},
@@ -273,7 +268,6 @@ func (cr *callerRequest) passthrough(ctx context.Context, c call, path string, s
 	return newProviderRequest(ctx, c, cr.caller.Header, path, cr.body.edit(append(base, edits...)...), stream)
 }
 
-// newProviderRequest is a call of c sending body as is, with its provider's headers and the extra ones.
 func newProviderRequest(ctx context.Context, c call, extra http.Header, path string, body []byte, stream bool) (*http.Request, error) {
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, c.baseURL+path, bytes.NewReader(body))
 	if err != nil {
@@ -288,7 +282,7 @@ func (cr *callerRequest) addsUsage(p providerInfo) bool {
 	return p.protocol == protoOpenAIChat && (cr.head.Stream || p.codex) && !cr.head.StreamUsage
 }
 
-// call is one planned provider call: where, with what, as which model.
+// call is one planned provider call: the route's model, where, and the credential.
 type call struct {
 	res     resolution
 	baseURL string
@@ -334,7 +328,6 @@ func textOf(ps []part) string {
 // rawIsNull reports an absent or null value (raw is valid JSON: only null starts with n).
 func rawIsNull(raw json.RawMessage) bool { s := rawShape(raw); return s == 0 || s == 'n' }
 
-// rawShape is the first byte of a JSON value ('"', '[', '{', …); 0 when absent.
 func rawShape(raw json.RawMessage) byte {
 	if raw = bytes.TrimSpace(raw); len(raw) == 0 {
 		return 0
@@ -342,7 +335,7 @@ func rawShape(raw json.RawMessage) byte {
 	return raw[0]
 }
 
-// rawMember is raw's member name (any case, as encoding/json matches), nil when none.
+// rawMember is raw's member name in any case, as encoding/json matches it.
 func rawMember(raw json.RawMessage, name string) json.RawMessage {
 	o, _ := splitRaw(raw, '{', nil)
 	for _, m := range o.members {
@@ -417,9 +410,8 @@ func relayBuffered(w http.ResponseWriter, c call, resp *http.Response, attempts 
 	return u, nil
 }
 
-// providerFacts gives the caller what SPEC §17 lets a provider's answer tell: its request id as request-id
-// (X-Request-Id is Brama's own) and, for a same-format answer, its rate-limit headers as received; nothing else (no
-// cookie, nothing naming the provider account).
+// providerFacts gives the caller what SPEC §17 lets a provider's answer tell: its request id as Request-Id
+// (X-Request-Id is Brama's own) and, same-format, its rate-limit headers; no cookie, nothing naming the account.
 func providerFacts(h, provider http.Header, same bool) {
 	if id := cmp.Or(provider.Get("Request-Id"), provider.Get("X-Request-Id")); id != "" {
 		h.Set("Request-Id", id)
