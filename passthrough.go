@@ -17,8 +17,7 @@ import (
 // members §6.2 and §6.4 name, edited by their byte spans, never re-encoded; its answer is relayed as received, read
 // by the stream reader only for usage (§13), the terminal signal and the in-band error (§7.5).
 
-// jsonMember is one member of a rawObject: key (rawText), sep:end its segment (from just past the previous value:
-// it holds the comma), val:end its value.
+// jsonMember is one member of a rawObject: key (rawText), sep:end its segment (its comma included), val:end its value.
 type jsonMember struct {
 	key           []byte
 	sep, val, end int
@@ -42,8 +41,8 @@ func parseRawObject(src []byte) (rawObject, error) {
 	return o, nil
 }
 
-// splitRaw splits the valid JSON object or array (open '{' or '[') at the start of src into members kept in
-// scratch's storage: a stream's watch splits one event after another without allocating.
+// splitRaw splits the valid JSON object or array (open '{' or '[') at src's start into members in scratch's storage:
+// a stream's watch allocates nothing.
 func splitRaw(src []byte, open byte, scratch []jsonMember) (rawObject, bool) {
 	i := skipJSONSpace(src, 0)
 	if i >= len(src) || src[i] != open {
@@ -182,8 +181,7 @@ var outputLimitNames = map[string][]string{
 	dialectResponses: {"max_output_tokens"},
 }
 
-// readCallerRequest reads the head of a caller's body, the one check of its model, stream and output limit: a member
-// Brama does not know is never a refusal on the passthrough path.
+// readCallerRequest reads a caller body's head, the one check of its model, stream and output limit (SPEC §7.6).
 func readCallerRequest(dialect string, r *http.Request, body []byte) (*callerRequest, error) {
 	o, err := parseRawObject(body)
 	if err != nil {
@@ -216,8 +214,7 @@ func (cr *callerRequest) translates(p providerInfo) bool {
 	return formatOf(cr.dialect).protocol != p.protocol
 }
 
-// buildChatRequest is a chat call's request: translated, or the caller's body (SPEC §7.6) with the output
-// limit (§6.4) and the provider's rules (§6.2) edited, all else kept.
+// buildChatRequest is a chat call's request: translated, or the caller's body (SPEC §7.6) with §6.4's limit and §6.2's rules.
 func buildChatRequest(ctx context.Context, c call, cr *callerRequest) (*http.Request, error) {
 	p := c.res.Provider
 	if cr.translates(p) {
@@ -358,9 +355,8 @@ func buildUpstreamRequest(ctx context.Context, c call, req *chatRequest) (*http.
 }
 
 // relayBuffered reads a committed buffered answer of c whole (a codex stream, SPEC §6.2, to its end) and writes it to w
-// (nil: none, the probe's) with attempts: through s into its dialect (frames discarded: only the body they keep counts;
-// the first refusal a block met fails it), or, s nil, as received: a JSON object whose usage is read, or a codex
-// stream assembled (provider_failure when not).
+// (nil: the probe's) with attempts: through s into its dialect (the first refusal a block met fails it), or, s nil, as
+// received: a JSON object whose usage is read, or a codex stream assembled (provider_failure when not).
 func relayBuffered(w http.ResponseWriter, c call, resp *http.Response, attempts int, s *callerStream) (u usage, _ *apiError) {
 	p, ct := c.res.Provider, "application/json" // an assembled or translated answer is Brama's JSON
 	var body []byte
