@@ -11,8 +11,7 @@ import (
 	"strings"
 )
 
-// Anthropic Messages (caller POST /v1/messages, provider {base}/v1/messages): both directions, buffered and
-// streamed; each wire shape serves both.
+// Anthropic Messages (caller POST /v1/messages, provider {base}/v1/messages); each wire shape serves both directions.
 type (
 	messagesRequestBody struct {
 		callerHead
@@ -88,8 +87,7 @@ type (
 	}
 )
 
-// The members a caller's body may hold, and the Anthropic-Beta values output_config.effort and a JSON Schema output
-// format need (SPEC §7.6).
+// A caller body's members; the Anthropic-Beta values output_config.effort and a JSON Schema output need (SPEC §7.6).
 const (
 	messagesKnown         = "model max_tokens system messages tools tool_choice temperature top_p stop_sequences thinking output_config output_format stream"
 	effortBeta            = "effort-2025-11-24"
@@ -162,13 +160,11 @@ func parseMessages(cr *callerRequest) (chatRequest, error) {
 	return req.finishParse(err, "messages must hold at least one user or assistant turn")
 }
 
-// messagesBlockMembers names the members Brama carries of each block type (is_error, true, is named dropped: no
-// OpenAI format has it).
+// messagesBlockMembers names the members carried of each block type (a true is_error is named dropped: OpenAI lacks it).
 var messagesBlockMembers = map[string]string{"text": "type text", "image": "type source", "document": "type source title",
 	"tool_use": "type id name input", "tool_result": "type tool_use_id content is_error"}
 
-// messagesParts reads a turn's content (role "result": a tool result's): a string or blocks; other blocks
-// (thinking, a file) and members (cache_control, citations) are dropped and named.
+// messagesParts reads a turn's content (role "result": a tool result's); other blocks and members are dropped and named.
 func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what string) ([]part, error) {
 	parts, err := callerParts(req, raw, what, "content blocks", func(bl messagesBlock, rb json.RawMessage, path string) (p part, err error) {
 		if bl.Type == "tool_use" && role != "assistant" || bl.Type == "tool_result" && role != "user" {
@@ -275,9 +271,8 @@ func (req *chatRequest) messagesContent(ps []part) (json.RawMessage, error) {
 	return jsonArray(blocks), nil
 }
 
-// encodeMessages builds a Messages body: claude-code's identity first, custom tools as functions (SPEC §7.6); the
-// betas it needs go in h. Thinking takes the effort's budget below max_tokens, at least 1024, and none in a tool
-// loop, where Anthropic wants back thinking blocks no format carries.
+// encodeMessages builds a Messages body, the betas it needs in h (SPEC §7.6). Thinking takes the effort's budget below
+// max_tokens, at least 1024, and none in a tool loop, where Anthropic wants back thinking blocks no format carries.
 func encodeMessages(req *chatRequest, c call, h http.Header) ([]byte, error) {
 	out := messagesRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream},
 		MaxTokens: req.MaxTokens, StopSequences: req.Stop}
@@ -397,8 +392,7 @@ func decodeMessages(body []byte, rd *streamReader) error {
 var messagesSteps = [...]string{stepBegin: "message_start", stepOpen: "content_block_start", stepDelta: "content_block_delta",
 	stepClose: "content_block_stop", stepEnd: "message_delta", stepFail: "error"}
 
-// messagesFrames writes Anthropic's events a block at a time; the message it keeps (usage always there, zeros when
-// unreported: the SDKs require it) gets each block's whole text or arguments at its close.
+// messagesFrames writes Anthropic's events a block at a time; the message it keeps gets each block whole at its close.
 func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string) error {
 	ev := messagesEvent{Type: messagesSteps[step]}
 	if b != nil {
@@ -408,7 +402,7 @@ func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string)
 	switch {
 	case step == stepBegin: // input tokens go out as 0 (providers report usage at the end) and for real in message_delta, which the SDKs take over
 		m = &messagesAnswer{ID: newAnswerID("msg_"), Type: "message", Role: "assistant", Model: s.model,
-			Content: []messagesBlock{}, Usage: &messagesUsage{}}
+			Content: []messagesBlock{}, Usage: &messagesUsage{}} // usage even unreported: the SDKs require it
 		ev.Message, s.whole = m, m
 	case step == stepOpen:
 		cb := messagesBlock{Type: "text", Text: ptrTo("")}

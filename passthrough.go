@@ -291,8 +291,7 @@ func (c call) claudeCode() bool {
 	return c.res.Provider.id == "claude-code" && c.cred.AccessToken != ""
 }
 
-// estimateInputTokens is SPEC §15's local estimate: the bytes of the system text, every text part, tool_use
-// input and tool_result content, and the tools as sent, ÷ 4 rounded up.
+// estimateInputTokens is SPEC §15's local estimate: the bytes of system, text, tool_use input, tool_result content and tools, ÷ 4.
 func estimateInputTokens(o rawObject) int {
 	var size func(raw json.RawMessage) int
 	size = func(raw json.RawMessage) int { // a string, or blocks; a message (no type) counts as its content
@@ -406,8 +405,8 @@ func relayBuffered(w http.ResponseWriter, c call, resp *http.Response, attempts 
 	return u, nil
 }
 
-// providerFacts gives the caller what SPEC §17 lets a provider's answer tell: its request id as Request-Id
-// (X-Request-Id is Brama's own) and, same-format, its rate-limit headers; no cookie, nothing naming the account.
+// providerFacts gives the caller what SPEC §17 lets an answer tell: its request id (X-Request-Id is Brama's own) and,
+// same-format, its rate-limit headers; no cookie, nothing naming the account.
 func providerFacts(h, provider http.Header, same bool) {
 	if id := cmp.Or(provider.Get("Request-Id"), provider.Get("X-Request-Id")); id != "" {
 		h.Set("Request-Id", id)
