@@ -11,7 +11,7 @@ import (
 	"strings"
 )
 
-// Anthropic Messages (caller POST /v1/messages, provider {base}/v1/messages): both directions, buffered and streamed. The wire shapes serve both.
+// Anthropic Messages (caller POST /v1/messages, provider {base}/v1/messages); each wire shape serves both directions.
 type (
 	messagesRequestBody struct {
 		callerHead
@@ -29,18 +29,17 @@ type (
 		Role    string          `json:"role"`
 		Content json.RawMessage `json:"content"`
 	}
-	messagesBlock struct {
-		Type      string          `json:"type"`
-		Text      *string         `json:"text,omitempty"`
-		Source    *messagesSource `json:"source,omitempty"`
-		Title     string          `json:"title,omitempty"`
-		ID        string          `json:"id,omitempty"`
-		Name      string          `json:"name,omitempty"`
-		Input     json.RawMessage `json:"input,omitempty"`
-		ToolUseID string          `json:"tool_use_id,omitempty"`
-		Content   json.RawMessage `json:"content,omitempty"`
-		IsError   bool            `json:"is_error,omitempty"`
-		// a delta's members (content_block_delta, message_delta)
+	messagesBlock struct { // a content block, and a delta (content_block_delta's, message_delta's)
+		Type         string          `json:"type"`
+		Text         *string         `json:"text,omitempty"`
+		Source       *messagesSource `json:"source,omitempty"`
+		Title        string          `json:"title,omitempty"`
+		ID           string          `json:"id,omitempty"`
+		Name         string          `json:"name,omitempty"`
+		Input        json.RawMessage `json:"input,omitempty"`
+		ToolUseID    string          `json:"tool_use_id,omitempty"`
+		Content      json.RawMessage `json:"content,omitempty"`
+		IsError      bool            `json:"is_error,omitempty"`
 		PartialJSON  *string         `json:"partial_json,omitempty"`
 		StopReason   string          `json:"stop_reason,omitempty"`
 		StopSequence json.RawMessage `json:"stop_sequence,omitempty"`
@@ -88,7 +87,12 @@ type (
 	}
 )
 
-const messagesKnown = "model max_tokens system messages tools tool_choice temperature top_p stop_sequences thinking output_config output_format stream"
+// A caller body's members; the Anthropic-Beta values output_config.effort and a JSON Schema output need (SPEC §7.6).
+const (
+	messagesKnown         = "model max_tokens system messages tools tool_choice temperature top_p stop_sequences thinking output_config output_format stream"
+	effortBeta            = "effort-2025-11-24"
+	structuredOutputsBeta = "structured-outputs-2025-11-13"
+)
 
 // Tables: tool_choice types as neutral modes; stop reasons as finishes (any other, as end_turn, stop_sequence, pause_turn: a stop) and
 // back (else end_turn); effort names as thinking budgets (a budget maps back to the nearest effort at or above it, SPEC §7.6).
@@ -99,12 +103,6 @@ var (
 	messagesStopReasons = map[string]string{finishLength: "max_tokens", finishToolCalls: "tool_use", finishContentFilter: "refusal"}
 	effortNames         = []string{"none", "minimal", "low", "medium", "high", "xhigh"}
 	effortBudgets       = []int{0, 1024, 2048, 8192, 24576, 32768}
-)
-
-// Anthropic-beta values: output_config.effort's, and a JSON Schema output format's (SPEC §7.6).
-const (
-	effortBeta            = "effort-2025-11-24"
-	structuredOutputsBeta = "structured-outputs-2025-11-13"
 )
 
 // parseMessages reads a caller's Messages body; every step runs and the first refusal wins.
@@ -162,15 +160,13 @@ func parseMessages(cr *callerRequest) (chatRequest, error) {
 	return req.finishParse(err, "messages must hold at least one user or assistant turn")
 }
 
-// messagesBlockMembers names the members Brama carries of each block type it reads; is_error is named dropped
-// when true (no OpenAI format has the flag).
+// messagesBlockMembers names the members carried of each block type (a true is_error is named dropped: OpenAI lacks it).
 var messagesBlockMembers = map[string]string{"text": "type text", "image": "type source", "document": "type source title",
 	"tool_use": "type id name input", "tool_result": "type tool_use_id content is_error"}
 
-// messagesParts reads a turn's content (role "result": a tool result's): a string or blocks; other blocks
-// (thinking, a file) and members (cache_control, citations) are dropped and named.
+// messagesParts reads a turn's content (role "result": a tool result's); other blocks and members are dropped and named.
 func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what string) ([]part, error) {
-	read := func(bl messagesBlock, rb json.RawMessage, path string) (p part, err error) {
+	parts, err := callerParts(req, raw, what, "content blocks", func(bl messagesBlock, rb json.RawMessage, path string) (p part, err error) {
 		if bl.Type == "tool_use" && role != "assistant" || bl.Type == "tool_result" && role != "user" {
 			return p, refuse("invalid_request", "%s.type %s is not allowed in a %s turn", path, quoteCallerToken(bl.Type), role)
 		}
@@ -209,8 +205,7 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 			if !rawIsNull(bl.Content) {
 				inner, err = req.messagesParts("result", bl.Content, path+".content")
 			}
-			p = toolResult(bl.ToolUseID, inner, false)
-			if bl.ToolUseID == "" {
+			if p = toolResult(bl.ToolUseID, inner, false); bl.ToolUseID == "" {
 				err = refuse("invalid_request", "%s.tool_use_id is required", path)
 			}
 			p.IsError = bl.IsError
@@ -220,20 +215,20 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 		req.dropUnknown(rb, messagesBlockMembers[bl.Type])
 		req.drop(bl.IsError, "is_error")
 		return p, err
-	}
-	parts, err := callerParts(req, raw, what, "content blocks", read)
+	})
 	if err == nil && len(parts) == 0 && role != "result" {
 		return nil, refuse("invalid_request", "%s must hold at least one content block Brama can carry", what)
 	}
 	return parts, err
 }
 
-// messagesContent is parts as a JSON array of blocks (nil for none), tool results first and no empty text (the API
-// requires both); a custom tool's call is the one-string-member object (SPEC §7.6); an image's detail is dropped; an
-// image's or document's data URL is base64 data (text for text/plain), any other URL a url source.
+// messagesContent is parts as blocks (nil for none), tool results first and no empty text (the API requires both); a
+// custom tool's call is the one-string-member object (SPEC §7.6); a base64 data URL is base64 data (text/plain: text).
 func (req *chatRequest) messagesContent(ps []part) (json.RawMessage, error) {
 	var blocks []messagesBlock
-	for _, p := range ps {
+	for _, p := range slices.SortedStableFunc(slices.Values(ps), func(a, b part) int {
+		return boolCount(b.Type == partToolResult) - boolCount(a.Type == partToolResult)
+	}) {
 		var b messagesBlock
 		var err error
 		switch p.Type {
@@ -258,9 +253,8 @@ func (req *chatRequest) messagesContent(ps []part) (json.RawMessage, error) {
 			url := p.ImageURL + p.FileURL
 			b = messagesBlock{Type: p.Type, Title: p.Filename, Source: &messagesSource{Type: "url", URL: url}}
 			if rest, isData := strings.CutPrefix(url, "data:"); isData {
-				meta, data, ok := strings.Cut(rest, ",")
-				media, isBase64 := strings.CutSuffix(meta, ";base64")
-				if !ok || !isBase64 || media == "" || data == "" {
+				media, data, ok := strings.Cut(rest, ";base64,")
+				if !ok || media == "" || strings.Contains(media, ",") || data == "" {
 					return nil, refuse("invalid_request", "an image or file data URL must be base64 with a media type")
 				}
 				b.Source = &messagesSource{Type: "base64", MediaType: media, Data: data}
@@ -274,22 +268,17 @@ func (req *chatRequest) messagesContent(ps []part) (json.RawMessage, error) {
 		}
 		blocks = append(blocks, b)
 	}
-	slices.SortStableFunc(blocks, func(a, b messagesBlock) int {
-		return boolCount(b.Type == "tool_result") - boolCount(a.Type == "tool_result")
-	})
 	return jsonArray(blocks), nil
 }
 
-// encodeMessages builds a Messages body: claude-code's identity first, custom tools as functions (SPEC §7.6); the
-// betas it needs go in h. Thinking takes the effort's budget below max_tokens, at least 1024, and none in a tool
-// loop, where Anthropic wants back thinking blocks no format carries.
+// encodeMessages builds a Messages body, the betas it needs in h (SPEC §7.6). Thinking takes the effort's budget below
+// max_tokens, at least 1024, and none in a tool loop, where Anthropic wants back thinking blocks no format carries.
 func encodeMessages(req *chatRequest, c call, h http.Header) ([]byte, error) {
 	out := messagesRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream},
 		MaxTokens: req.MaxTokens, StopSequences: req.Stop}
 	switch {
 	case c.claudeCode():
-		identity := []part{{Type: partText, Text: claudeCodeIdentity}, {Type: partText, Text: req.System}}
-		out.System, _ = req.messagesContent(identity)
+		out.System, _ = req.messagesContent([]part{{Type: partText, Text: claudeCodeIdentity}, {Type: partText, Text: req.System}})
 	case req.System != "":
 		out.System = jsonText(req.System)
 	}
@@ -338,8 +327,7 @@ func encodeMessages(req *chatRequest, c call, h http.Header) ([]byte, error) {
 		}
 		if err != nil {
 			return nil, err
-		}
-		if content != nil { // only empty text: the API refuses an empty turn
+		} else if content != nil { // only empty text: the API refuses an empty turn
 			turns = append(turns, messagesTurn{Role: m.Role, Content: content})
 		}
 	}
@@ -361,8 +349,7 @@ func encodeMessages(req *chatRequest, c call, h http.Header) ([]byte, error) {
 	return json.Marshal(out)
 }
 
-// messagesToolID is a call id as Anthropic takes it (^[a-zA-Z0-9_-]+$): another
-// provider's (kimi's "functions.f:0") with every other character "_", in a call and its result alike.
+// messagesToolID is a call id as Anthropic takes it (^[a-zA-Z0-9_-]+$): kimi's "functions.f:0" as "functions_f_0".
 func messagesToolID(id string) string { return notToolID.ReplaceAllString(id, "_") }
 
 var notToolID = regexp.MustCompile(`[^a-zA-Z0-9_-]`)
@@ -380,8 +367,7 @@ func toolArguments(args string) (json.RawMessage, error) {
 // output_config.effort and refuses a budget (Claude Code 2.1.332 decides so too); an earlier, dated (claude-opus-4-20250514) or unknown model takes a budget.
 var adaptiveModels = regexp.MustCompile(`^claude-(?:opus|sonnet|haiku)-(?:0?[5-9]|[1-9]\d|0?4-(?:0?[6-9]|[1-9]\d))(?:-|$)`)
 
-// decodeMessages gives a whole message to rd's caller stream block by block, as its stream would (a call's input
-// compacted, none "{}").
+// decodeMessages gives a whole message to rd's caller stream block by block, as its stream would.
 func decodeMessages(body []byte, rd *streamReader) error {
 	var r messagesAnswer
 	if err := json.Unmarshal(body, &r); err != nil || r.Type != "message" {
@@ -392,8 +378,7 @@ func decodeMessages(body []byte, rd *streamReader) error {
 		if err == nil && b.Type == "tool_use" && !rawIsNull(b.Input) {
 			var in bytes.Buffer
 			json.Compact(&in, b.Input) // cannot fail: Input came out of the decoded body
-			d := messagesBlock{Type: "input_json_delta", PartialJSON: ptrTo(in.String())}
-			err = rd.readBlock("content_block_delta", i, nil, &d)
+			err = rd.readBlock("content_block_delta", i, nil, &messagesBlock{Type: "input_json_delta", PartialJSON: ptrTo(in.String())})
 		}
 		if err = cmp.Or(err, rd.readBlock("content_block_stop", i, nil, nil)); err != nil {
 			return err
@@ -404,12 +389,10 @@ func decodeMessages(body []byte, rd *streamReader) error {
 	return rd.ended()
 }
 
-// messagesSteps names each step's event.
 var messagesSteps = [...]string{stepBegin: "message_start", stepOpen: "content_block_start", stepDelta: "content_block_delta",
 	stepClose: "content_block_stop", stepEnd: "message_delta", stepFail: "error"}
 
-// messagesFrames writes Anthropic's events a block at a time; the message it keeps (usage always there, zeros when
-// unreported: the SDKs require it) gets each block's whole text or arguments at its close.
+// messagesFrames writes Anthropic's events a block at a time; the message it keeps gets each block whole at its close.
 func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string) error {
 	ev := messagesEvent{Type: messagesSteps[step]}
 	if b != nil {
@@ -419,7 +402,7 @@ func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string)
 	switch {
 	case step == stepBegin: // input tokens go out as 0 (providers report usage at the end) and for real in message_delta, which the SDKs take over
 		m = &messagesAnswer{ID: newAnswerID("msg_"), Type: "message", Role: "assistant", Model: s.model,
-			Content: []messagesBlock{}, Usage: &messagesUsage{}}
+			Content: []messagesBlock{}, Usage: &messagesUsage{}} // usage even unreported: the SDKs require it
 		ev.Message, s.whole = m, m
 	case step == stepOpen:
 		cb := messagesBlock{Type: "text", Text: ptrTo("")}
@@ -453,10 +436,7 @@ func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string)
 	return s.frame(ev.Type, ev)
 }
 
-// The messages part of the one stream reader (relay.go's streamReader).
-
-// readMessages: message_stop ends; usage comes in message_start (given the caller stream at once: a stream
-// cut later still records it) and message_delta, whose output count is the whole.
+// readMessages: message_stop ends; usage comes in message_start and message_delta, whose output count is the whole.
 func (r *streamReader) readMessages(typ string, e rawObject) (keep, end bool, err error) {
 	switch typ {
 	case "error":
@@ -470,13 +450,12 @@ func (r *streamReader) readMessages(typ string, e rawObject) (keep, end bool, er
 		r.usage, err = usageOf(r.protocol, m.value("usage")) // a stream cut later still records it
 	case "message_delta":
 		var d messagesBlock
-		err = r.decode(e, "delta", &d)
 		u, uerr := usageOf(r.protocol, e.value("usage"))
 		if u.Reported { // newer streams repeat the cumulative input count
 			r.usage = usage{cmp.Or(u.InputTokens, r.usage.InputTokens), u.OutputTokens, true}
 		}
+		err = cmp.Or(r.decode(e, "delta", &d), uerr)
 		r.finish = cmp.Or(messagesFinishes[d.StopReason], r.finish) // any other reason: a stop, at message_stop
-		err = cmp.Or(err, uerr)
 	case "message_stop":
 		r.finished, r.finish = true, cmp.Or(r.finish, finishStop)
 		return true, true, r.ended()

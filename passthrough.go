@@ -17,8 +17,7 @@ import (
 // members §6.2 and §6.4 name, edited by their byte spans, never re-encoded; its answer is relayed as received, read
 // by the stream reader only for usage (§13), the terminal signal and the in-band error (§7.5).
 
-// jsonMember is one member of a rawObject: key (rawText), sep where its segment starts (just past the previous
-// value or the '{': it holds the comma), val:end its value.
+// jsonMember is one member of a rawObject: key (rawText), sep:end its segment (its comma included), val:end its value.
 type jsonMember struct {
 	key           []byte
 	sep, val, end int
@@ -42,8 +41,8 @@ func parseRawObject(src []byte) (rawObject, error) {
 	return o, nil
 }
 
-// splitRaw splits the valid JSON object or array (open '{' or '[') at the start of src into members kept in
-// scratch's storage: a stream's watch splits one event after another without allocating.
+// splitRaw splits the valid JSON object or array (open '{' or '[') at src's start into members in scratch's storage:
+// a stream's watch allocates nothing.
 func splitRaw(src []byte, open byte, scratch []jsonMember) (rawObject, bool) {
 	i := skipJSONSpace(src, 0)
 	if i >= len(src) || src[i] != open {
@@ -70,8 +69,7 @@ func splitRaw(src []byte, open byte, scratch []jsonMember) (rawObject, bool) {
 }
 
 // value is the raw value of the last member named key (encoding/json's rule for a repeated key), nil when absent.
-func (o rawObject) value(key string) json.RawMessage {
-	var v json.RawMessage
+func (o rawObject) value(key string) (v json.RawMessage) {
 	for _, m := range o.members {
 		if string(m.key) == key {
 			v = o.src[m.val:m.end]
@@ -86,7 +84,6 @@ type memberEdit struct {
 	value []byte
 }
 
-// edit is the object with edits applied and every other byte kept.
 func (o rawObject) edit(edits ...memberEdit) []byte {
 	out := bytes.NewBuffer(make([]byte, 0, len(o.src)+64))
 	o.writeEdited(out, edits...)
@@ -127,8 +124,7 @@ func (o rawObject) writeEdited(w io.Writer, edits ...memberEdit) {
 	w.Write(o.src[tail:])
 }
 
-// rawText is a JSON string's text, the source's bytes when it has no escapes
-// (string(t) == "…" allocates nothing); nil for anything but a string.
+// rawText is a JSON string's text, the source's bytes when it has no escapes (string(t) == "…" allocates nothing).
 func rawText(raw []byte) []byte {
 	if len(raw) < 2 || raw[0] != '"' {
 		return nil
@@ -143,16 +139,13 @@ func rawText(raw []byte) []byte {
 
 func skipJSONSpace(b []byte, i int) int { return len(b) - len(bytes.TrimLeft(b[i:], " \t\n\r")) }
 
-// skipJSONValue returns the index just past the valid value (or key) at i. It counts brackets without recursion, so
-// no depth can exhaust a stack.
+// skipJSONValue is the index just past the valid value (or key) at i; no recursion, so no depth exhausts a stack.
 func skipJSONValue(b []byte, i int) int {
 	for depth := 0; i < len(b); i++ {
 		switch b[i] {
 		case '"': // to the closing quote
 			for i++; i < len(b) && b[i] != '"'; i++ {
-				if b[i] == '\\' {
-					i++
-				}
+				i += boolCount(b[i] == '\\')
 			}
 		case '{', '[':
 			depth++
@@ -172,8 +165,7 @@ func skipJSONValue(b []byte, i int) int {
 	return len(b)
 }
 
-// callerRequest is a caller's chat request: the raw body, the head Brama
-// acts on, the neutral request once a call across formats needs it.
+// callerRequest is a caller's chat request: the raw body, the head Brama acts on, the neutral request once needed.
 type callerRequest struct {
 	dialect string
 	body    rawObject
@@ -183,15 +175,13 @@ type callerRequest struct {
 	sent    *chatRequest  // the last translated call's request, Dropped what it lost (chatRequest.drop)
 }
 
-// outputLimitNames are each dialect's names for the output limit.
 var outputLimitNames = map[string][]string{
 	dialectChat:      {"max_completion_tokens", "max_tokens"},
 	dialectMessages:  {"max_tokens"},
 	dialectResponses: {"max_output_tokens"},
 }
 
-// readCallerRequest reads the head of a caller's body, the one check of its model, stream and output limit: a member
-// Brama does not know is never a refusal on the passthrough path.
+// readCallerRequest reads a caller body's head, the one check of its model, stream and output limit (SPEC §7.6).
 func readCallerRequest(dialect string, r *http.Request, body []byte) (*callerRequest, error) {
 	o, err := parseRawObject(body)
 	if err != nil {
@@ -224,8 +214,7 @@ func (cr *callerRequest) translates(p providerInfo) bool {
 	return formatOf(cr.dialect).protocol != p.protocol
 }
 
-// buildChatRequest is a chat call's request: translated, or the caller's body (SPEC §7.6) with the output
-// limit (§6.4) and the provider's rules (§6.2) edited, all else kept.
+// buildChatRequest is a chat call's request: translated, or the caller's body (SPEC §7.6) with §6.4's limit and §6.2's rules.
 func buildChatRequest(ctx context.Context, c call, cr *callerRequest) (*http.Request, error) {
 	p := c.res.Provider
 	if cr.translates(p) {
@@ -276,7 +265,6 @@ func (cr *callerRequest) passthrough(ctx context.Context, c call, path string, s
 	return newProviderRequest(ctx, c, cr.caller.Header, path, cr.body.edit(append(base, edits...)...), stream)
 }
 
-// newProviderRequest is a call of c sending body as is, with its provider's headers and the extra ones.
 func newProviderRequest(ctx context.Context, c call, extra http.Header, path string, body []byte, stream bool) (*http.Request, error) {
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, c.baseURL+path, bytes.NewReader(body))
 	if err != nil {
@@ -291,7 +279,7 @@ func (cr *callerRequest) addsUsage(p providerInfo) bool {
 	return p.protocol == protoOpenAIChat && (cr.head.Stream || p.codex) && !cr.head.StreamUsage
 }
 
-// call is one planned provider call: where, with what, as which model.
+// call is one planned provider call: the route's model, where, and the credential.
 type call struct {
 	res     resolution
 	baseURL string
@@ -303,27 +291,20 @@ func (c call) claudeCode() bool {
 	return c.res.Provider.id == "claude-code" && c.cred.AccessToken != ""
 }
 
-// estimateInputTokens is SPEC §15's local estimate: the bytes of the system text, every text part, tool_use
-// input and tool_result content, and the tools as sent, ÷ 4 rounded up.
+// estimateInputTokens is SPEC §15's local estimate: the bytes of system, text, tool_use input, tool_result content and tools, ÷ 4.
 func estimateInputTokens(o rawObject) int {
-	var textOf func(raw json.RawMessage) int
-	textOf = func(raw json.RawMessage) int { // a string, or blocks; a message (no type) counts as its content
-		var s string
-		if json.Unmarshal(raw, &s) == nil {
-			return len(s)
-		}
-		var blocks []struct {
-			Text           string
-			Input, Content json.RawMessage
-		}
+	var size func(raw json.RawMessage) int
+	size = func(raw json.RawMessage) int { // a string, or blocks; a message (no type) counts as its content
+		s, _ := jsonString(raw)
+		n := len(s)
+		var blocks []messagesBlock
 		json.Unmarshal(raw, &blocks)
-		n := 0
 		for _, b := range blocks { // a text part has only text, a tool_use only input, a tool_result only content
-			n += len(b.Text) + len(b.Input) + textOf(b.Content)
+			n += len(valueOr(b.Text, "")) + len(b.Input) + size(b.Content)
 		}
 		return n
 	}
-	n := textOf(o.value("system")) + textOf(o.value("messages"))
+	n := size(o.value("system")) + size(o.value("messages"))
 	if t := o.value("tools"); !rawIsNull(t) {
 		n += len(t)
 	}
@@ -343,7 +324,6 @@ func textOf(ps []part) string {
 // rawIsNull reports an absent or null value (raw is valid JSON: only null starts with n).
 func rawIsNull(raw json.RawMessage) bool { s := rawShape(raw); return s == 0 || s == 'n' }
 
-// rawShape is the first byte of a JSON value ('"', '[', '{', …); 0 when absent.
 func rawShape(raw json.RawMessage) byte {
 	if raw = bytes.TrimSpace(raw); len(raw) == 0 {
 		return 0
@@ -351,14 +331,15 @@ func rawShape(raw json.RawMessage) byte {
 	return raw[0]
 }
 
-// rawMember is raw's member name (any case, as encoding/json matches), nil when none.
+// rawMember is raw's member name in any case, as encoding/json matches it.
 func rawMember(raw json.RawMessage, name string) json.RawMessage {
 	o, _ := splitRaw(raw, '{', nil)
-	i := slices.IndexFunc(o.members, func(m jsonMember) bool { return strings.EqualFold(string(m.key), name) })
-	if i < 0 {
-		return nil
+	for _, m := range o.members {
+		if strings.EqualFold(string(m.key), name) {
+			return o.src[m.val:m.end]
+		}
 	}
-	return o.src[o.members[i].val:o.members[i].end]
+	return nil
 }
 
 // buildUpstreamRequest is req's call c in its provider's protocol and wire details (SPEC §6.2).
@@ -373,9 +354,8 @@ func buildUpstreamRequest(ctx context.Context, c call, req *chatRequest) (*http.
 }
 
 // relayBuffered reads a committed buffered answer of c whole (a codex stream, SPEC §6.2, to its end) and writes it to w
-// (nil: none, the probe's) with attempts: through s into its dialect (frames discarded: only the body they keep counts;
-// the first refusal a block met fails it), or, s nil, as received: a JSON object whose usage is read, or a codex
-// stream assembled (provider_failure when not).
+// (nil: the probe's) with attempts: through s into its dialect (the first refusal a block met fails it), or, s nil, as
+// received: a JSON object whose usage is read, or a codex stream assembled (provider_failure when not).
 func relayBuffered(w http.ResponseWriter, c call, resp *http.Response, attempts int, s *callerStream) (u usage, _ *apiError) {
 	p, ct := c.res.Provider, "application/json" // an assembled or translated answer is Brama's JSON
 	var body []byte
@@ -425,9 +405,8 @@ func relayBuffered(w http.ResponseWriter, c call, resp *http.Response, attempts 
 	return u, nil
 }
 
-// providerFacts gives the caller what SPEC §17 lets a provider's answer tell: its request id as request-id
-// (X-Request-Id is Brama's own) and, for a same-format answer, its rate-limit headers as received; nothing else (no
-// cookie, nothing naming the provider account).
+// providerFacts gives the caller what SPEC §17 lets an answer tell: its request id (X-Request-Id is Brama's own) and,
+// same-format, its rate-limit headers; no cookie, nothing naming the account.
 func providerFacts(h, provider http.Header, same bool) {
 	if id := cmp.Or(provider.Get("Request-Id"), provider.Get("X-Request-Id")); id != "" {
 		h.Set("Request-Id", id)
