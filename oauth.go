@@ -30,8 +30,7 @@ var (
 	errStateMismatch     = errors.New("the pasted code belongs to another sign-in (state differs)")
 )
 
-// oauthClient refreshes and exchanges grants, one refresh per subscription shared by all who ask at once (STYLE B8): a burst of
-// 401s spends one token.
+// oauthClient refreshes and exchanges grants, one refresh per subscription shared by all who ask (B8): a 401 burst spends one.
 type oauthClient struct {
 	getenv func(string) string
 	client *http.Client // the provider client: no redirects, no proxy, no timeout
@@ -61,8 +60,7 @@ func newOAuth(getenv func(string) string, client *http.Client, v *vault, l *ledg
 		inflight: map[string]*refreshCall{}, flights: flights, cut: cut}
 }
 
-// shutdown waits for every flight to end, so a token the provider rotated is kept (SPEC §11.1: no time limit); cut closing
-// cancels the flights left.
+// shutdown waits for every flight, so a token the provider rotated is kept (SPEC §11.1: no time limit); cut cancels those left.
 func (o *oauthClient) shutdown(cut <-chan struct{}) {
 	o.mu.Lock()
 	if n := len(o.inflight); n > 0 {
@@ -81,8 +79,8 @@ func (o *oauthClient) shutdown(cut <-chan struct{}) {
 	o.cut() // ends the goroutine above
 }
 
-// refresh returns id's refreshed grant (the vault's when refusedAccessToken is no longer it) from one flight shared by
-// concurrent calls, which a caller's hang-up does not end (STYLE B8).
+// refresh returns id's refreshed grant (the vault's if refusedAccessToken is no longer it) from one flight shared by concurrent
+// calls, which a caller's hang-up does not end (STYLE B8).
 func (o *oauthClient) refresh(ctx context.Context, id, provider, refusedAccessToken string) (oauthGrant, error) {
 	o.mu.Lock()
 	c, ok := o.inflight[id]
@@ -113,8 +111,8 @@ func (o *oauthClient) refresh(ctx context.Context, id, provider, refusedAccessTo
 	}
 }
 
-// refreshOnce is one flight from the vault's current grant, committed only while the vault still holds its refresh token; a
-// definitive refusal marks the credential for a sign-in unless one replaced the grant meanwhile.
+// refreshOnce is one flight from the vault's grant, committed only while the vault holds its refresh token; a definitive
+// refusal marks the credential for a sign-in unless one replaced the grant meanwhile.
 func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused string) (g oauthGrant, err error) {
 	log := o.log.With("subscription_id", id, "provider", provider)
 	var re *endpointError
@@ -233,8 +231,7 @@ func (o *oauthClient) tokenCall(ctx context.Context, p providerInfo, g oauthGran
 	return fillGrant(p.id, g), nil
 }
 
-// definitiveErrors say the grant or client is no good (RFC 6749 §5.2, RFC 6750 §3.1; OpenAI names a dead refresh token in its
-// error object's code, which the Codex CLI takes as final).
+// definitiveErrors say the grant or client is no good (RFC 6749 §5.2, RFC 6750 §3.1; OpenAI's codes, final to the Codex CLI).
 var definitiveErrors = map[string]bool{
 	"invalid_grant": true, "invalid_token": true, "invalid_client": true, "unauthorized_client": true,
 	"refresh_token_reused": true, "refresh_token_expired": true, "refresh_token_invalidated": true,
@@ -308,8 +305,7 @@ func expiredForRequest(g oauthGrant, now time.Time) bool {
 	return g.ExpiresAtMs != 0 && now.UnixMilli() >= g.ExpiresAtMs-60_000
 }
 
-// fillGrant completes g: expiry from the access token's JWT exp, the account id from the id_token where the provider's row says
-// so (SPEC §6.2).
+// fillGrant completes g: expiry from the access token's JWT exp, codex's account id from the id_token (SPEC §6.2).
 func fillGrant(provider string, g oauthGrant) oauthGrant {
 	if exp := jwtClaims(g.AccessToken).Exp; g.ExpiresAtMs == 0 && exp >= 1 && exp <= planMaxResetSeconds {
 		g.ExpiresAtMs = int64(exp) * 1000
@@ -320,16 +316,13 @@ func fillGrant(provider string, g oauthGrant) oauthGrant {
 	return g
 }
 
-// claims is what Brama reads of a JWT's payload.
-type claims struct {
+// jwtClaims decodes what Brama reads of a JWT's payload (RFC 7519 §3) unchecked: the provider checks its own token.
+func jwtClaims(token string) (c struct {
 	Exp  float64 `json:"exp"`
 	Auth struct {
 		AccountID string `json:"chatgpt_account_id"`
 	} `json:"https://api.openai.com/auth"`
-}
-
-// jwtClaims decodes a JWT's payload (RFC 7519 §3) unchecked: the provider checks its own token.
-func jwtClaims(token string) (c claims) {
+}) {
 	if parts := strings.Split(token, "."); len(parts) == 3 {
 		b, _ := base64.RawURLEncoding.DecodeString(strings.TrimRight(parts[1], "="))
 		json.Unmarshal(b, &c) // a member of another type stays zero
@@ -337,12 +330,10 @@ func jwtClaims(token string) (c claims) {
 	return c
 }
 
-// signIn is one sign-in under way (SPEC §11.1; RFC 6749 §4.1 with PKCE, RFC 7636): the URL the user opens, and the verifier and
-// state its exchange needs.
+// signIn is one sign-in under way (SPEC §11.1; RFC 6749 §4.1, RFC 7636): the URL to open, the verifier and state to exchange.
 type signIn struct{ provider, url, verifier, state string }
 
-// newSignIn starts provider's sign-in: a fresh verifier (32 random bytes, RFC 7636 §4.1) with its S256 challenge, and a fresh
-// state made the same way (RFC 6749 §10.12).
+// newSignIn starts provider's sign-in: a fresh verifier (32 random bytes, RFC 7636 §4.1), its S256 challenge, a fresh state.
 func newSignIn(provider string) (signIn, error) {
 	p, _ := lookupProvider(provider)
 	if p.authorizeURL == "" {

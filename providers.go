@@ -30,8 +30,7 @@ const (
 	credSubscription = "subscription" // an agent's OAuth grant or API key
 )
 
-// providerInfo is one row of SPEC §6.1's table (and §11.1's token and sign-in tables): every fact that differs between
-// providers.
+// providerInfo is one row of SPEC §6.1's table (and §11.1's token and sign-in tables): every fact that differs by provider.
 type providerInfo struct {
 	id, protocol, cred string
 	baseURL            string    // built in; BRAMA_PROVIDER_<ID>_BASE_URL overrides
@@ -111,8 +110,7 @@ func (p providerInfo) usageEndpoint(getenv func(string) string) (string, error) 
 	return base + p.usage, nil
 }
 
-// providerBaseURL is BRAMA_PROVIDER_<ID>_BASE_URL, else p's built-in base URL (local-openai has none: its endpoint is the
-// registry deployment's).
+// providerBaseURL is BRAMA_PROVIDER_<ID>_BASE_URL, else p's own (local-openai has none: the deployment names it).
 func providerBaseURL(p providerInfo, getenv func(string) string) (string, error) {
 	raw, err := envURL(getenv, "PROVIDER", p.id, "BASE_URL", p.baseURL)
 	return strings.TrimRight(raw, "/"), err
@@ -128,8 +126,7 @@ func envURL(getenv func(string) string, kind, id, what, builtin string) (string,
 	return raw, nil
 }
 
-// checkBaseURL accepts https:// anywhere and http:// only to loopback, so a typo cannot send a credential in clear text; no
-// user info (transport errors would quote it), query or fragment.
+// checkBaseURL allows https, http only to loopback (no key in clear text), no user info (errors quote it), query or fragment.
 func checkBaseURL(raw string) error {
 	u, err := url.Parse(raw)
 	if err != nil || u.Host == "" || u.Opaque != "" {
@@ -145,15 +142,11 @@ func checkBaseURL(raw string) error {
 	return errors.New("scheme must be https, or http to a loopback host")
 }
 
-// newProviderClient is the one client for provider calls: no redirects (one could carry a credential elsewhere), no ambient
-// proxy (SPEC §6.1), no elapsed-time cutoff, not even for dialing (SPEC §7.4), no compression offered: the bytes held are the
-// bytes sent (SPEC §17).
+// newProviderClient is the one client for provider calls: no redirects (one could carry a credential away), no ambient proxy
+// (SPEC §6.1), no elapsed-time cutoff, not even dialing (SPEC §7.4), no compression: the bytes held are those sent (§17).
 func newProviderClient() *http.Client {
-	t := http.DefaultTransport.(*http.Transport).Clone()
-	t.Proxy, t.DisableCompression = nil, true
-	t.DialContext = (&net.Dialer{KeepAlive: 30 * time.Second}).DialContext
-	t.TLSHandshakeTimeout, t.ExpectContinueTimeout = 0, 0
-	t.MaxIdleConns, t.MaxIdleConnsPerHost = 256, 64 // IdleConnTimeout stays the default 90 s
+	t := &http.Transport{DialContext: (&net.Dialer{KeepAlive: 30 * time.Second}).DialContext, ForceAttemptHTTP2: true,
+		DisableCompression: true, MaxIdleConns: 256, MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}
 	return &http.Client{Transport: t, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 }
 
@@ -175,21 +168,18 @@ func callEndpoint(ctx context.Context, client *http.Client, method, endpoint str
 	return resp.StatusCode, b, err
 }
 
-// upstreamCredential is what a call presents: a direct key or an agent's own, else an OAuth grant's bearer (and codex's
-// chatgpt-account-id).
+// upstreamCredential is what a call presents: an API key, else an OAuth grant's bearer (and codex's chatgpt-account-id).
 type upstreamCredential struct{ APIKey, AccessToken, AccountID string }
 
 func (c upstreamCredential) bearer() string { return cmp.Or(c.AccessToken, c.APIKey) }
 
-// The system texts SPEC §6.2 requires: Anthropic refuses OAuth traffic whose first system block is not claudeCodeIdentity; the
-// codex backend refuses a request without instructions.
+// SPEC §6.2's system texts: Anthropic refuses OAuth traffic not led by claudeCodeIdentity, codex traffic without instructions.
 const (
 	claudeCodeIdentity       = "You are Claude Code, Anthropic's official CLI for Claude."
 	codexDefaultInstructions = "You are a helpful assistant."
 )
 
-// claudeCodeSystem is OAuth traffic's system: the Claude Code identity, then the caller's blocks byte for byte (cache_control);
-// nil if already so.
+// claudeCodeSystem is OAuth traffic's system: the Claude Code identity, then the caller's blocks byte for byte; nil if so.
 func claudeCodeSystem(raw json.RawMessage) ([]byte, error) {
 	block := func(s string) string { return `{"text":` + string(jsonText(s)) + `,"type":"text"}` }
 	if s, ok := jsonString(raw); s != "" { // a string is one text block
@@ -209,8 +199,7 @@ func claudeCodeSystem(raw json.RawMessage) ([]byte, error) {
 	return append([]byte("["+block(claudeCodeIdentity)+","), bytes.TrimSpace(raw)[1:]...), nil
 }
 
-// codexInstructions is a codex body's instructions (SPEC §6.2): the caller's own, else its system and developer items' text,
-// else the default.
+// codexInstructions is a codex body's instructions (SPEC §6.2): the caller's, else its system and developer text, or a default.
 func codexInstructions(instructions, input json.RawMessage) []byte {
 	if own, _ := jsonString(instructions); strings.TrimSpace(own) != "" {
 		return instructions
@@ -235,8 +224,7 @@ func codexInstructions(instructions, input json.RawMessage) []byte {
 	return jsonText(cmp.Or(strings.TrimSpace(strings.Join(texts, "\n\n")), codexDefaultInstructions))
 }
 
-// setProviderHeaders sets what a call to p carries (SPEC §6.2, §7.6): the credential, p's header, the format's version and beta
-// headers, the caller's merged with p's; no other caller header.
+// setProviderHeaders sets a call's headers (SPEC §6.2, §7.6): credential, p's header, version, beta (caller's too), no other.
 func setProviderHeaders(h http.Header, p providerInfo, cred upstreamCredential, caller http.Header, stream bool) {
 	if named := caller.Values("Connection"); len(named) > 0 { // hop-by-hop fields (RFC 9110 §7.6.1)
 		caller = caller.Clone()
@@ -300,8 +288,7 @@ type providerRefusal struct {
 // quotaCodes say the account's credit is spent: OpenAI's (insufficient_quota comes with 429), Anthropic's.
 var quotaCodes = map[string]bool{"insufficient_quota": true, "billing_hard_limit_reached": true, "billing_not_active": true, "billing_error": true}
 
-// classifyRefusal classifies a non-2xx answer of a provider; presented is redacted from what is quoted only after the class was
-// decided: a short key must not change a code.
+// classifyRefusal sorts a provider's non-2xx answer; presented is redacted from quotes after the class: no key changes a code.
 func classifyRefusal(provider string, status int, header http.Header, body []byte, presented string, now time.Time) providerRefusal {
 	p, _ := lookupProvider(provider)
 	var b struct{ Error, Detail json.RawMessage } // no other shape is quoted: a raw body never is
@@ -345,8 +332,7 @@ func classifyRefusal(provider string, status int, header http.Header, body []byt
 
 type errorFields struct{ typ, code, msg string }
 
-// errorObject reads {"type","code","message"}; code may be a number (OpenRouter's HTTP status). A string is not an object but
-// its message.
+// errorObject reads {"type","code","message"}, code maybe a number (OpenRouter's status); a string is only a message.
 func errorObject(raw json.RawMessage) (errorFields, bool) {
 	var e struct{ Type, Code, Message json.RawMessage }
 	if s, _ := jsonString(raw); len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &e) != nil {
@@ -372,9 +358,8 @@ func jsonScalar(raw json.RawMessage) (string, bool) {
 	return n.String(), true
 }
 
-// retryAfter is the wait stated by retry-after-ms, retry-after, else the latest reset among the limits the headers show as
-// spent (claude-code's rejected plan windows among them; a used-up window the ledger recorded blocks without it); 0 when none
-// is.
+// retryAfter is the wait stated by retry-after-ms, retry-after, else the latest reset among limits the headers show as spent
+// (claude-code's rejected plan windows too; a used-up window the ledger recorded blocks without it); 0 if none is.
 func retryAfter(h http.Header, now time.Time) time.Duration {
 	if ms := numberOf(h.Get("Retry-After-Ms")).v; ms > 0 {
 		return time.Duration(min(ms, maxRetryAfter.Seconds()*1000) * float64(time.Millisecond))
@@ -395,8 +380,7 @@ func retryAfter(h http.Header, now time.Time) time.Duration {
 	return d
 }
 
-// statedWait is the wait header k states, at most maxRetryAfter: seconds, an epoch second (from 1e9), a Go duration (OpenAI's
-// "6m0s"), RFC 3339 (Anthropic) or an HTTP date (retry-after).
+// statedWait is header k's wait, ≤ maxRetryAfter: seconds, epoch seconds (> 1e9), a Go duration ("6m0s"), RFC 3339, HTTP date.
 func statedWait(h http.Header, k string, now time.Time) time.Duration {
 	v := strings.TrimSpace(h.Get(k))
 	s := numberOf(v).v
@@ -415,8 +399,7 @@ func statedWait(h http.Header, k string, now time.Time) time.Duration {
 	return time.Duration(min(s, maxRetryAfter.Seconds()) * float64(time.Second))
 }
 
-// classifyTransport maps a failed provider call to its code (SPEC §8.2): provider_incomplete once the request may have been
-// sent (and billed).
+// classifyTransport maps a failed provider call to its code (SPEC §8.2): provider_incomplete once the request may be billed.
 func classifyTransport(err error) *apiError {
 	cause := err
 	if ue := (*url.Error)(nil); errors.As(err, &ue) {
