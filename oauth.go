@@ -135,10 +135,8 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 		return oauthGrant{}, fmt.Errorf("refresh %s: the vault holds no OAuth grant for it", id)
 	}
 	old := *doc.Subscriptions[id].OAuth // doc is the vault's shared cache: copy, never write into it
-	// Another token is current: the caller retries with it, unless it lapsed too.
 	if refused != "" && old.AccessToken != refused && !expiredForRequest(old, o.now()) {
-		log.Debug("credential_refresh_skipped")
-		return old, nil
+		return old, nil // another token is current: the caller retries with it, unless it lapsed too
 	}
 	p, _ := lookupProvider(provider)
 	fields := map[string]string{"grant_type": "refresh_token", "refresh_token": old.RefreshToken, "client_id": p.clientID}

@@ -129,7 +129,7 @@ func envURL(getenv func(string) string, kind, id, what, builtin string) (string,
 // checkBaseURL allows https, http only to loopback (no key in clear text), no user info (errors quote it), query or fragment.
 func checkBaseURL(raw string) error {
 	u, err := url.Parse(raw)
-	if err != nil || u.Host == "" || u.Opaque != "" {
+	if err != nil || u.Host == "" { // an opaque URL has none
 		return errors.New("not a URL with a host")
 	}
 	ip, _ := netip.ParseAddr(u.Hostname()) // no name is resolved: only localhost counts
@@ -368,8 +368,7 @@ func retryAfter(h http.Header, now time.Time) time.Duration {
 		return d // a wait already over states none: the reset headers below may
 	}
 	var d time.Duration
-	// OpenAI's x-ratelimit-{remaining,reset}-<limit>, Anthropic's anthropic-ratelimit-<limit>-{remaining,reset}, claude-code's
-	// anthropic-ratelimit-unified-<window>-{status,reset} (SPEC §6.3).
+	// OpenAI's limits, Anthropic's, and claude-code's unified windows, which state a status, not what remains (SPEC §6.3).
 	for _, k := range []string{"X-Ratelimit-%s-requests", "X-Ratelimit-%s-tokens", "Anthropic-Ratelimit-requests-%s",
 		"Anthropic-Ratelimit-tokens-%s", "Anthropic-Ratelimit-input-tokens-%s", "Anthropic-Ratelimit-output-tokens-%s",
 		"Anthropic-Ratelimit-Unified-%s", "Anthropic-Ratelimit-Unified-5h-%s", "Anthropic-Ratelimit-Unified-7d-%s"} {
