@@ -438,8 +438,9 @@ func (p providerInfo) readUsage(body []byte, now time.Time) (ws []planWindow, er
 		!bytes.HasPrefix(bytes.TrimSpace(body), []byte("{")) {
 		return nil, errors.New("the usage report is not usable: the body is not a JSON object (" + jsonErrorKind(err) + ")")
 	}
+	windowKey := regexp.MustCompile(`^[a-z0-9_]{1,64}$`) // the shape of a member kept as a window id
 	claude := func(k, id, label string) {
-		if m := members[k]; m.Utilization.ok && m.ResetsAt.set && claudeWindowKey.MatchString(k) {
+		if m := members[k]; m.Utilization.ok && m.ResetsAt.set && windowKey.MatchString(k) {
 			ws = append(ws, newWindow(id, label, m.Utilization.v/100, m.ResetsAt.ms, now, windowSourceReport))
 		}
 		delete(members, k)
@@ -465,10 +466,11 @@ func (p providerInfo) readUsage(body []byte, now time.Time) (ws []planWindow, er
 			}
 		}
 	case "kimi":
+		minutes := map[string]float64{"TIME_UNIT_SECOND": 1.0 / 60, "TIME_UNIT_MINUTE": 1, "TIME_UNIT_HOUR": 60, "TIME_UNIT_DAY": 24 * 60}
 		kimi(&doc.Usage, "kimi:usage", "plan usage", 0)
 		for i, l := range doc.Limits {
 			n := strconv.Itoa(i)
-			label := windowLabel(l.Window.Duration.v*kimiTimeUnits[l.Window.TimeUnit], "limit "+n)
+			label := windowLabel(l.Window.Duration.v*minutes[l.Window.TimeUnit], "limit "+n)
 			kimi(cmp.Or(l.Detail, &l), "kimi:limit-"+n, label, cmp.Or(l.ResetTime.ms, l.ResetTimeSpec.ms))
 		}
 	}
@@ -485,9 +487,3 @@ func jsonErrorKind(err error) string {
 	}
 	return "unexpected shape"
 }
-
-// claudeWindowKey is the shape of a member kept as a window id.
-var claudeWindowKey = regexp.MustCompile(`^[a-z0-9_]{1,64}$`)
-
-// kimiTimeUnits is minutes per window.timeUnit of a Kimi limit.
-var kimiTimeUnits = map[string]float64{"TIME_UNIT_SECOND": 1.0 / 60, "TIME_UNIT_MINUTE": 1, "TIME_UNIT_HOUR": 60, "TIME_UNIT_DAY": 24 * 60}
