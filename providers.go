@@ -71,15 +71,13 @@ var providerTable = []providerInfo{
 		clientID: "9d1c250a-e61b-44d9-88ed-5944d1962f5e", echoState: true,
 		authorizeURL: "https://claude.com/cai/oauth/authorize",          // claude.ai's refuses every grant now
 		redirectURI:  "https://platform.claude.com/oauth/code/callback", // the only one still registered
-		scope:        "org:create_api_key user:profile user:inference", extra: url.Values{"code": {"true"}},
-		usage: "/api/oauth/usage"},
+		scope:        "org:create_api_key user:profile user:inference", extra: url.Values{"code": {"true"}}, usage: "/api/oauth/usage"},
 	{id: "codex", protocol: protoOpenAIResponses, cred: credSubscription, baseURL: "https://chatgpt.com/backend-api/codex", vendor: "openai",
 		probe: "gpt-5.3-codex-spark", beta: "responses=experimental", header: [2]string{"originator", "codex_cli_rs"}, codex: true,
-		tokenURL: "https://auth.openai.com/oauth/token", clientID: "app_EMoamEEZ73f0CkXaXp7hrann",
-		form: true, authorizeURL: "https://auth.openai.com/oauth/authorize",
-		redirectURI: "http://localhost:1455/auth/callback", scope: "openid profile email offline_access",
-		extra: url.Values{"id_token_add_organizations": {"true"}, "codex_cli_simplified_flow": {"true"}},
-		usage: "https://chatgpt.com/backend-api/wham/usage"},
+		tokenURL: "https://auth.openai.com/oauth/token", clientID: "app_EMoamEEZ73f0CkXaXp7hrann", form: true,
+		authorizeURL: "https://auth.openai.com/oauth/authorize", redirectURI: "http://localhost:1455/auth/callback",
+		scope: "openid profile email offline_access", usage: "https://chatgpt.com/backend-api/wham/usage",
+		extra: url.Values{"id_token_add_organizations": {"true"}, "codex_cli_simplified_flow": {"true"}}},
 	{id: "kimi", protocol: protoOpenAIChat, cred: credSubscription, baseURL: "https://api.kimi.com/coding/v1", vendor: "moonshotai",
 		probe: "kimi-for-coding", tokenURL: "https://auth.kimi.com/api/oauth/token", clientID: "17e5f671-d194-4dfb-9706-5516cb48c098", form: true,
 		usage: "/usages", usageAPIKey: true},
@@ -201,14 +199,13 @@ func claudeCodeSystem(raw json.RawMessage) ([]byte, error) {
 
 // codexInstructions is a codex body's instructions (SPEC §6.2): the caller's, else its system and developer text, or a default.
 func codexInstructions(instructions, input json.RawMessage) []byte {
+	var items []struct{ Role, Content json.RawMessage }
 	if own, _ := jsonString(instructions); strings.TrimSpace(own) != "" {
 		return instructions
+	} else if json.Unmarshal(input, &items) != nil { // anything but an array of objects has no system text
+		return jsonText(codexDefaultInstructions)
 	}
-	var items []struct{ Role, Content json.RawMessage }
 	var texts []string
-	if json.Unmarshal(input, &items) != nil {
-		items = nil // anything but an array of objects has none
-	}
 	for _, it := range items {
 		if role, _ := jsonString(it.Role); role == "system" || role == "developer" {
 			var parts []struct{ Text string }
@@ -422,10 +419,9 @@ func classifyTransport(err error) *apiError {
 }
 
 // readUsage reads p's usage report (SPEC §11.2) leniently (a member of another type is absent; numbers and instants take any
-// JSON value) and takes what it recognizes of the undocumented shapes, never a guessed number: claude-code's members with a
-// "utilization" percent and "resets_at" (anthropicWindows first, under their traffic ids), codex's rate_limit windows, kimi's
-// used/limit (limit > 0, else 1 − remaining/limit; a limit's detail counters and reset win over its top level's). An error says
-// why without quoting the body.
+// JSON value), taking what it recognizes of the undocumented shapes, never a guessed number: claude-code's members with a
+// "utilization" percent and "resets_at" (anthropicWindows first, by traffic id), codex's rate_limit windows, kimi's used/limit
+// (limit > 0, else 1 − remaining/limit; a limit's detail wins over its top level). Its error never quotes the body.
 func (p providerInfo) readUsage(body []byte, now time.Time) (ws []planWindow, err error) {
 	var members map[string]reading // claude-code's
 	var doc struct {
