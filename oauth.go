@@ -30,8 +30,7 @@ var (
 	errStateMismatch     = errors.New("the pasted code belongs to another sign-in (state differs)")
 )
 
-// oauthClient refreshes and exchanges grants, one refresh per subscription
-// shared by all who ask at once (STYLE B8): a burst of 401s spends one token.
+// oauthClient refreshes and exchanges grants, one refresh per subscription shared by all who ask (B8): a 401 burst spends one.
 type oauthClient struct {
 	getenv func(string) string
 	client *http.Client // the provider client: no redirects, no proxy, no timeout
@@ -61,8 +60,7 @@ func newOAuth(getenv func(string) string, client *http.Client, v *vault, l *ledg
 		inflight: map[string]*refreshCall{}, flights: flights, cut: cut}
 }
 
-// shutdown waits for every flight to end, so a token the provider rotated is
-// kept (SPEC §11.1: no time limit); cut closing cancels the flights left.
+// shutdown waits for every flight, so a token the provider rotated is kept (SPEC §11.1: no time limit); cut cancels those left.
 func (o *oauthClient) shutdown(cut <-chan struct{}) {
 	o.mu.Lock()
 	if n := len(o.inflight); n > 0 {
@@ -81,8 +79,8 @@ func (o *oauthClient) shutdown(cut <-chan struct{}) {
 	o.cut() // ends the goroutine above
 }
 
-// refresh returns id's refreshed grant (the vault's when refusedAccessToken is no longer it)
-// from one flight shared by concurrent calls, which a caller's hang-up does not end (STYLE B8).
+// refresh returns id's refreshed grant (the vault's if refusedAccessToken is no longer it) from one flight shared by concurrent
+// calls, which a caller's hang-up does not end (STYLE B8).
 func (o *oauthClient) refresh(ctx context.Context, id, provider, refusedAccessToken string) (oauthGrant, error) {
 	o.mu.Lock()
 	c, ok := o.inflight[id]
@@ -113,9 +111,8 @@ func (o *oauthClient) refresh(ctx context.Context, id, provider, refusedAccessTo
 	}
 }
 
-// refreshOnce is one flight from the vault's current grant, committed only while the vault still
-// holds its refresh token; a definitive refusal marks the credential for a sign-in unless one
-// replaced the grant meanwhile.
+// refreshOnce is one flight from the vault's grant, committed only while the vault holds its refresh token; a definitive
+// refusal marks the credential for a sign-in unless one replaced the grant meanwhile.
 func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused string) (g oauthGrant, err error) {
 	log := o.log.With("subscription_id", id, "provider", provider)
 	var re *endpointError
@@ -138,10 +135,8 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 		return oauthGrant{}, fmt.Errorf("refresh %s: the vault holds no OAuth grant for it", id)
 	}
 	old := *doc.Subscriptions[id].OAuth // doc is the vault's shared cache: copy, never write into it
-	// Another token is current: the caller retries with it, unless it lapsed too.
 	if refused != "" && old.AccessToken != refused && !expiredForRequest(old, o.now()) {
-		log.Debug("credential_refresh_skipped")
-		return old, nil
+		return old, nil // another token is current: the caller retries with it, unless it lapsed too
 	}
 	p, _ := lookupProvider(provider)
 	fields := map[string]string{"grant_type": "refresh_token", "refresh_token": old.RefreshToken, "client_id": p.clientID}
@@ -170,8 +165,7 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 	return g, nil
 }
 
-// endpointError is a failed token call or usage read, naming endpoint, status and bytes, never
-// quoting a body (SPEC §11.1).
+// endpointError is a failed token call or usage read, naming endpoint, status and bytes, never quoting a body (SPEC §11.1).
 type endpointError struct {
 	Op         string // "": a token call
 	Definitive bool   // the grant was disowned; Sentence (redacted, ≤200 bytes) is the provider's word
@@ -201,8 +195,8 @@ func (e *endpointError) Error() string {
 
 func (e *endpointError) Unwrap() error { return e.Err }
 
-// tokenCall POSTs fields to p's token endpoint in p's body format and returns g renewed by the answer, quoting
-// no secret; a refresh without a refresh token is refused unsent: only a sign-in helps.
+// tokenCall POSTs fields to p's token endpoint in p's body format and returns g renewed by the answer, quoting no secret; a
+// refresh without a refresh token is refused unsent: only a sign-in helps.
 func (o *oauthClient) tokenCall(ctx context.Context, p providerInfo, g oauthGrant, fields map[string]string,
 	secrets ...string) (oauthGrant, error) {
 	endpoint, err := envURL(o.getenv, "OAUTH", p.id, "TOKEN_URL", p.tokenURL)
@@ -235,8 +229,7 @@ func (o *oauthClient) tokenCall(ctx context.Context, p providerInfo, g oauthGran
 	return fillGrant(p.id, g), nil
 }
 
-// definitiveErrors say the grant or client is no good (RFC 6749 §5.2, RFC 6750 §3.1; OpenAI
-// names a dead refresh token in its error object's code, which the Codex CLI takes as final).
+// definitiveErrors say the grant or client is no good (RFC 6749 §5.2, RFC 6750 §3.1; OpenAI's codes, final to the Codex CLI).
 var definitiveErrors = map[string]bool{
 	"invalid_grant": true, "invalid_token": true, "invalid_client": true, "unauthorized_client": true,
 	"refresh_token_reused": true, "refresh_token_expired": true, "refresh_token_invalidated": true,
@@ -255,10 +248,9 @@ type tokenAnswer struct {
 	Description  string `json:"error_description,omitempty"`
 }
 
-// readTokenAnswer reads a token answer leniently (a member of another type is absent) and sorts it
-// (SPEC §11.1): a 2xx with a usable access token is used; a complete invalid_grant-class refusal or
-// 401/403 is definitive; all else is a transport failure, even a 401 whose body ended early
-// (readErr): no evidence the grant was disowned (seed, "Cancellation and retry").
+// readTokenAnswer reads a token answer leniently (a member of another type is absent) and sorts it (SPEC §11.1): a 2xx with a
+// usable access token is used; a complete invalid_grant-class refusal or 401/403 is definitive; all else is a transport
+// failure, even a 401 whose body ended early (readErr): no evidence the grant was disowned (seed, "Cancellation and retry").
 func readTokenAnswer(endpoint string, status int, body []byte, readErr error, secrets ...string) (tokenAnswer, error) {
 	re := &endpointError{Endpoint: endpoint, Status: status, Received: len(body), Err: readErr}
 	if readErr != nil {
@@ -311,8 +303,7 @@ func expiredForRequest(g oauthGrant, now time.Time) bool {
 	return g.ExpiresAtMs != 0 && now.UnixMilli() >= g.ExpiresAtMs-60_000
 }
 
-// fillGrant completes g: expiry from the access token's JWT exp, the account id from the id_token
-// where the provider's row says so (SPEC §6.2).
+// fillGrant completes g: expiry from the access token's JWT exp, codex's account id from the id_token (SPEC §6.2).
 func fillGrant(provider string, g oauthGrant) oauthGrant {
 	if exp := jwtClaims(g.AccessToken).Exp; g.ExpiresAtMs == 0 && exp >= 1 && exp <= planMaxResetSeconds {
 		g.ExpiresAtMs = int64(exp) * 1000
@@ -323,16 +314,13 @@ func fillGrant(provider string, g oauthGrant) oauthGrant {
 	return g
 }
 
-// claims is what Brama reads of a JWT's payload.
-type claims struct {
+// jwtClaims decodes what Brama reads of a JWT's payload (RFC 7519 §3) unchecked: the provider checks its own token.
+func jwtClaims(token string) (c struct {
 	Exp  float64 `json:"exp"`
 	Auth struct {
 		AccountID string `json:"chatgpt_account_id"`
 	} `json:"https://api.openai.com/auth"`
-}
-
-// jwtClaims decodes a JWT's payload (RFC 7519 §3) unchecked: the provider checks its own token.
-func jwtClaims(token string) (c claims) {
+}) {
 	if parts := strings.Split(token, "."); len(parts) == 3 {
 		b, _ := base64.RawURLEncoding.DecodeString(strings.TrimRight(parts[1], "="))
 		json.Unmarshal(b, &c) // a member of another type stays zero
@@ -340,12 +328,10 @@ func jwtClaims(token string) (c claims) {
 	return c
 }
 
-// signIn is one sign-in under way (SPEC §11.1; RFC 6749 §4.1 with PKCE, RFC 7636): the URL the user
-// opens, and the verifier and state its exchange needs.
+// signIn is one sign-in under way (SPEC §11.1; RFC 6749 §4.1, RFC 7636): the URL to open, the verifier and state to exchange.
 type signIn struct{ provider, url, verifier, state string }
 
-// newSignIn starts provider's sign-in: a fresh verifier (32 random bytes, RFC 7636 §4.1) with its S256
-// challenge, and a fresh state made the same way (RFC 6749 §10.12).
+// newSignIn starts provider's sign-in: a fresh verifier (32 random bytes, RFC 7636 §4.1), its S256 challenge, a fresh state.
 func newSignIn(provider string) (signIn, error) {
 	p, _ := lookupProvider(provider)
 	if p.authorizeURL == "" {
@@ -362,8 +348,7 @@ func newSignIn(provider string) (signIn, error) {
 	return s, nil
 }
 
-// exchangeCode is the sign-in's exchange of what the user pasted for a grant (SPEC §11.1, RFC 6749
-// §4.1.3 with PKCE).
+// exchangeCode is the sign-in's exchange of what the user pasted for a grant (SPEC §11.1, RFC 6749 §4.1.3 with PKCE).
 func (o *oauthClient) exchangeCode(ctx context.Context, s signIn, code string) (oauthGrant, error) {
 	p, _ := lookupProvider(s.provider)
 	// What was pasted: a redirect URL (codex), "code#state" (claude-code's page) or a bare code.

@@ -5,7 +5,6 @@ import (
 	"cmp"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -31,8 +30,7 @@ const (
 	credSubscription = "subscription" // an agent's OAuth grant or API key
 )
 
-// providerInfo is one row of SPEC §6.1's table (and §11.1's token and sign-in tables): every fact that
-// differs between providers.
+// providerInfo is one row of SPEC §6.1's table (and §11.1's token and sign-in tables): every fact that differs by provider.
 type providerInfo struct {
 	id, protocol, cred string
 	baseURL            string    // built in; BRAMA_PROVIDER_<ID>_BASE_URL overrides
@@ -50,8 +48,7 @@ type providerInfo struct {
 	extra                            url.Values // further authorize parameters
 
 	usage       string // the usage report (SPEC §11.2): a path below the base URL, or a URL of its own; "": none
-	readUsage   func(body []byte, now time.Time) ([]planWindow, error)
-	usageAPIKey bool // an API key reads the report too, not only a grant
+	usageAPIKey bool   // an API key reads the report too, not only a grant
 }
 
 // providerTable lists every provider Brama knows, and nothing else does.
@@ -74,18 +71,16 @@ var providerTable = []providerInfo{
 		clientID: "9d1c250a-e61b-44d9-88ed-5944d1962f5e", echoState: true,
 		authorizeURL: "https://claude.com/cai/oauth/authorize",          // claude.ai's refuses every grant now
 		redirectURI:  "https://platform.claude.com/oauth/code/callback", // the only one still registered
-		scope:        "org:create_api_key user:profile user:inference", extra: url.Values{"code": {"true"}},
-		usage: "/api/oauth/usage", readUsage: reportReader(claudeCodeUsage)},
+		scope:        "org:create_api_key user:profile user:inference", extra: url.Values{"code": {"true"}}, usage: "/api/oauth/usage"},
 	{id: "codex", protocol: protoOpenAIResponses, cred: credSubscription, baseURL: "https://chatgpt.com/backend-api/codex", vendor: "openai",
 		probe: "gpt-5.3-codex-spark", beta: "responses=experimental", header: [2]string{"originator", "codex_cli_rs"}, codex: true,
-		tokenURL: "https://auth.openai.com/oauth/token", clientID: "app_EMoamEEZ73f0CkXaXp7hrann",
-		form: true, authorizeURL: "https://auth.openai.com/oauth/authorize",
-		redirectURI: "http://localhost:1455/auth/callback", scope: "openid profile email offline_access",
-		extra: url.Values{"id_token_add_organizations": {"true"}, "codex_cli_simplified_flow": {"true"}},
-		usage: "https://chatgpt.com/backend-api/wham/usage", readUsage: reportReader(codexUsage)},
+		tokenURL: "https://auth.openai.com/oauth/token", clientID: "app_EMoamEEZ73f0CkXaXp7hrann", form: true,
+		authorizeURL: "https://auth.openai.com/oauth/authorize", redirectURI: "http://localhost:1455/auth/callback",
+		scope: "openid profile email offline_access", usage: "https://chatgpt.com/backend-api/wham/usage",
+		extra: url.Values{"id_token_add_organizations": {"true"}, "codex_cli_simplified_flow": {"true"}}},
 	{id: "kimi", protocol: protoOpenAIChat, cred: credSubscription, baseURL: "https://api.kimi.com/coding/v1", vendor: "moonshotai",
 		probe: "kimi-for-coding", tokenURL: "https://auth.kimi.com/api/oauth/token", clientID: "17e5f671-d194-4dfb-9706-5516cb48c098", form: true,
-		usage: "/usages", readUsage: reportReader(kimiUsage), usageAPIKey: true},
+		usage: "/usages", usageAPIKey: true},
 }
 
 func lookupProvider(id string) (providerInfo, bool) {
@@ -113,8 +108,7 @@ func (p providerInfo) usageEndpoint(getenv func(string) string) (string, error) 
 	return base + p.usage, nil
 }
 
-// providerBaseURL is BRAMA_PROVIDER_<ID>_BASE_URL, else p's built-in base URL (local-openai has none: its endpoint is the
-// registry deployment's).
+// providerBaseURL is BRAMA_PROVIDER_<ID>_BASE_URL, else p's own (local-openai has none: the deployment names it).
 func providerBaseURL(p providerInfo, getenv func(string) string) (string, error) {
 	raw, err := envURL(getenv, "PROVIDER", p.id, "BASE_URL", p.baseURL)
 	return strings.TrimRight(raw, "/"), err
@@ -130,11 +124,10 @@ func envURL(getenv func(string) string, kind, id, what, builtin string) (string,
 	return raw, nil
 }
 
-// checkBaseURL accepts https:// anywhere and http:// only to loopback, so a typo cannot send a
-// credential in clear text; no user info (transport errors would quote it), query or fragment.
+// checkBaseURL allows https, http only to loopback (no key in clear text), no user info (errors quote it), query or fragment.
 func checkBaseURL(raw string) error {
 	u, err := url.Parse(raw)
-	if err != nil || u.Host == "" || u.Opaque != "" {
+	if err != nil || u.Host == "" { // an opaque URL has none
 		return errors.New("not a URL with a host")
 	}
 	ip, _ := netip.ParseAddr(u.Hostname()) // no name is resolved: only localhost counts
@@ -147,20 +140,15 @@ func checkBaseURL(raw string) error {
 	return errors.New("scheme must be https, or http to a loopback host")
 }
 
-// newProviderClient is the one client for provider calls: no redirects (one could carry a credential
-// elsewhere), no ambient proxy (SPEC §6.1), no elapsed-time cutoff, not even for dialing (SPEC §7.4),
-// no compression offered: the bytes held are the bytes sent (SPEC §17).
+// newProviderClient is the one client for provider calls: no redirects (one could carry a credential away), no ambient proxy
+// (SPEC §6.1), no elapsed-time cutoff, not even dialing (SPEC §7.4), no compression: the bytes held are those sent (§17).
 func newProviderClient() *http.Client {
-	t := http.DefaultTransport.(*http.Transport).Clone()
-	t.Proxy, t.DisableCompression = nil, true
-	t.DialContext = (&net.Dialer{KeepAlive: 30 * time.Second}).DialContext
-	t.TLSHandshakeTimeout, t.ExpectContinueTimeout = 0, 0
-	t.MaxIdleConns, t.MaxIdleConnsPerHost = 256, 64 // IdleConnTimeout stays the default 90 s
+	t := &http.Transport{DialContext: (&net.Dialer{KeepAlive: 30 * time.Second}).DialContext, ForceAttemptHTTP2: true,
+		DisableCompression: true, MaxIdleConns: 256, MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}
 	return &http.Client{Transport: t, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 }
 
-// callEndpoint sends one request and reads the answer whole (OAuth, usage reports, the catalogue);
-// status is 0 when none came.
+// callEndpoint sends one request and reads the answer whole (OAuth, usage reports, the catalogue); status is 0 when none came.
 func callEndpoint(ctx context.Context, client *http.Client, method, endpoint string, body []byte,
 	headers http.Header) (status int, b []byte, err error) {
 	req, err := http.NewRequestWithContext(ctx, method, endpoint, bytes.NewReader(body))
@@ -178,21 +166,18 @@ func callEndpoint(ctx context.Context, client *http.Client, method, endpoint str
 	return resp.StatusCode, b, err
 }
 
-// upstreamCredential is what a call presents: a direct key or an agent's own, else an OAuth grant's bearer (and codex's
-// chatgpt-account-id).
+// upstreamCredential is what a call presents: an API key, else an OAuth grant's bearer (and codex's chatgpt-account-id).
 type upstreamCredential struct{ APIKey, AccessToken, AccountID string }
 
 func (c upstreamCredential) bearer() string { return cmp.Or(c.AccessToken, c.APIKey) }
 
-// The system texts SPEC §6.2 requires: Anthropic refuses OAuth traffic whose first system block
-// is not claudeCodeIdentity; the codex backend refuses a request without instructions.
+// SPEC §6.2's system texts: Anthropic refuses OAuth traffic not led by claudeCodeIdentity, codex traffic without instructions.
 const (
 	claudeCodeIdentity       = "You are Claude Code, Anthropic's official CLI for Claude."
 	codexDefaultInstructions = "You are a helpful assistant."
 )
 
-// claudeCodeSystem is OAuth traffic's system: the Claude Code identity, then
-// the caller's blocks byte for byte (cache_control); nil if already so.
+// claudeCodeSystem is OAuth traffic's system: the Claude Code identity, then the caller's blocks byte for byte; nil if so.
 func claudeCodeSystem(raw json.RawMessage) ([]byte, error) {
 	block := func(s string) string { return `{"text":` + string(jsonText(s)) + `,"type":"text"}` }
 	if s, ok := jsonString(raw); s != "" { // a string is one text block
@@ -212,35 +197,31 @@ func claudeCodeSystem(raw json.RawMessage) ([]byte, error) {
 	return append([]byte("["+block(claudeCodeIdentity)+","), bytes.TrimSpace(raw)[1:]...), nil
 }
 
-// codexInstructions is a codex body's instructions (SPEC §6.2): the caller's
-// own, else its system and developer items' text, else the default.
+// codexInstructions is a codex body's instructions (SPEC §6.2): the caller's, else its system and developer text, or a default.
 func codexInstructions(instructions, input json.RawMessage) []byte {
+	var items []struct{ Role, Content json.RawMessage }
 	if own, _ := jsonString(instructions); strings.TrimSpace(own) != "" {
 		return instructions
+	} else if json.Unmarshal(input, &items) != nil { // anything but an array of objects has no system text
+		return jsonText(codexDefaultInstructions)
 	}
-	var items []struct{ Role, Content json.RawMessage }
 	var texts []string
-	if json.Unmarshal(input, &items) != nil {
-		items = nil // anything but an array of objects has none
-	}
 	for _, it := range items {
-		if role, _ := jsonString(it.Role); role != "system" && role != "developer" {
-			continue
-		}
-		var parts []struct{ Text string }
-		json.Unmarshal(it.Content, &parts) // a string leaves parts empty
-		if s, ok := jsonString(it.Content); ok {
-			parts = append(parts, struct{ Text string }{s})
-		}
-		for _, p := range parts {
-			texts = append(texts, p.Text)
+		if role, _ := jsonString(it.Role); role == "system" || role == "developer" {
+			var parts []struct{ Text string }
+			json.Unmarshal(it.Content, &parts) // a string leaves parts empty
+			if s, ok := jsonString(it.Content); ok {
+				parts = append(parts, struct{ Text string }{s})
+			}
+			for _, p := range parts {
+				texts = append(texts, p.Text)
+			}
 		}
 	}
 	return jsonText(cmp.Or(strings.TrimSpace(strings.Join(texts, "\n\n")), codexDefaultInstructions))
 }
 
-// setProviderHeaders sets what a call to p carries (SPEC §6.2, §7.6): the credential, p's header,
-// the format's version and beta headers, the caller's merged with p's; no other caller header.
+// setProviderHeaders sets a call's headers (SPEC §6.2, §7.6): credential, p's header, version, beta (caller's too), no other.
 func setProviderHeaders(h http.Header, p providerInfo, cred upstreamCredential, caller http.Header, stream bool) {
 	if named := caller.Values("Connection"); len(named) > 0 { // hop-by-hop fields (RFC 9110 §7.6.1)
 		caller = caller.Clone()
@@ -304,8 +285,7 @@ type providerRefusal struct {
 // quotaCodes say the account's credit is spent: OpenAI's (insufficient_quota comes with 429), Anthropic's.
 var quotaCodes = map[string]bool{"insufficient_quota": true, "billing_hard_limit_reached": true, "billing_not_active": true, "billing_error": true}
 
-// classifyRefusal classifies a non-2xx answer of a provider; presented is redacted from what is
-// quoted only after the class was decided: a short key must not change a code.
+// classifyRefusal sorts a provider's non-2xx answer; presented is redacted from quotes after the class: no key changes a code.
 func classifyRefusal(provider string, status int, header http.Header, body []byte, presented string, now time.Time) providerRefusal {
 	p, _ := lookupProvider(provider)
 	var b struct{ Error, Detail json.RawMessage } // no other shape is quoted: a raw body never is
@@ -349,8 +329,7 @@ func classifyRefusal(provider string, status int, header http.Header, body []byt
 
 type errorFields struct{ typ, code, msg string }
 
-// errorObject reads {"type","code","message"}; code may be a number (OpenRouter's HTTP status). A
-// string is not an object but its message.
+// errorObject reads {"type","code","message"}, code maybe a number (OpenRouter's status); a string is only a message.
 func errorObject(raw json.RawMessage) (errorFields, bool) {
 	var e struct{ Type, Code, Message json.RawMessage }
 	if s, _ := jsonString(raw); len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &e) != nil {
@@ -376,8 +355,8 @@ func jsonScalar(raw json.RawMessage) (string, bool) {
 	return n.String(), true
 }
 
-// retryAfter is the wait stated by retry-after-ms, retry-after, else the latest reset among the limits the headers show as
-// spent (claude-code's rejected plan windows among them; a used-up window the ledger recorded blocks without it); 0 when none is.
+// retryAfter is the wait stated by retry-after-ms, retry-after, else the latest reset among limits the headers show as spent
+// (claude-code's rejected plan windows too; a used-up window the ledger recorded blocks without it); 0 if none is.
 func retryAfter(h http.Header, now time.Time) time.Duration {
 	if ms := numberOf(h.Get("Retry-After-Ms")).v; ms > 0 {
 		return time.Duration(min(ms, maxRetryAfter.Seconds()*1000) * float64(time.Millisecond))
@@ -386,8 +365,7 @@ func retryAfter(h http.Header, now time.Time) time.Duration {
 		return d // a wait already over states none: the reset headers below may
 	}
 	var d time.Duration
-	// OpenAI's x-ratelimit-{remaining,reset}-<limit>, Anthropic's anthropic-ratelimit-<limit>-{remaining,reset}, claude-code's
-	// anthropic-ratelimit-unified-<window>-{status,reset} (SPEC §6.3).
+	// OpenAI's limits, Anthropic's, and claude-code's unified windows, which state a status, not what remains (SPEC §6.3).
 	for _, k := range []string{"X-Ratelimit-%s-requests", "X-Ratelimit-%s-tokens", "Anthropic-Ratelimit-requests-%s",
 		"Anthropic-Ratelimit-tokens-%s", "Anthropic-Ratelimit-input-tokens-%s", "Anthropic-Ratelimit-output-tokens-%s",
 		"Anthropic-Ratelimit-Unified-%s", "Anthropic-Ratelimit-Unified-5h-%s", "Anthropic-Ratelimit-Unified-7d-%s"} {
@@ -398,8 +376,7 @@ func retryAfter(h http.Header, now time.Time) time.Duration {
 	return d
 }
 
-// statedWait is the wait header k states, at most maxRetryAfter: seconds, an epoch second (from 1e9), a Go duration (OpenAI's
-// "6m0s"), RFC 3339 (Anthropic) or an HTTP date (retry-after).
+// statedWait is header k's wait, ≤ maxRetryAfter: seconds, epoch seconds (> 1e9), a Go duration ("6m0s"), RFC 3339, HTTP date.
 func statedWait(h http.Header, k string, now time.Time) time.Duration {
 	v := strings.TrimSpace(h.Get(k))
 	s := numberOf(v).v
@@ -418,8 +395,7 @@ func statedWait(h http.Header, k string, now time.Time) time.Duration {
 	return time.Duration(min(s, maxRetryAfter.Seconds()) * float64(time.Second))
 }
 
-// classifyTransport maps a failed provider call to its code (SPEC §8.2): provider_incomplete once
-// the request may have been sent (and billed).
+// classifyTransport maps a failed provider call to its code (SPEC §8.2): provider_incomplete once the request may be billed.
 func classifyTransport(err error) *apiError {
 	cause := err
 	if ue := (*url.Error)(nil); errors.As(err, &ue) {
@@ -436,28 +412,68 @@ func classifyTransport(err error) *apiError {
 	case dial, errors.As(err, &dns):
 		code, m = "dependency_unavailable", "could not connect to the provider, nothing was sent: %s"
 	case errors.As(err, new(*tls.CertificateVerificationError)), errors.As(err, new(tls.RecordHeaderError)),
-		errors.As(err, new(tls.AlertError)), errors.As(err, new(x509.UnknownAuthorityError)),
-		errors.As(err, new(x509.HostnameError)), errors.As(err, new(x509.CertificateInvalidError)):
+		errors.As(err, new(tls.AlertError)): // x509's errors come wrapped in the first
 		code, m = "dependency_unavailable", "TLS handshake with the provider failed, nothing was sent: %s"
 	}
 	return refuse(code, m, cleanQuoted(cause.Error(), "", 300)).because(err)
 }
 
-// reportReader reads a report as T leniently (a member of another type than T says is absent; its number and instant members take
-// any JSON value): a JSON object naming a window, else an error saying why without quoting the body. The readers take what
-// they recognize of the providers' undocumented shapes, never a guessed number.
-func reportReader[T any](read func(T, time.Time) []planWindow) func([]byte, time.Time) ([]planWindow, error) {
-	return func(body []byte, now time.Time) ([]planWindow, error) {
-		var doc T
-		err := json.Unmarshal(body, &doc)
-		if err != nil && !errors.As(err, new(*json.UnmarshalTypeError)) || !bytes.HasPrefix(bytes.TrimSpace(body), []byte("{")) {
-			return nil, errors.New("the usage report is not usable: the body is not a JSON object (" + jsonErrorKind(err) + ")")
+// readUsage reads p's usage report (SPEC §11.2) leniently (a member of another type is absent; numbers and instants take any
+// JSON value), taking what it recognizes of the undocumented shapes, never a guessed number: claude-code's members with a
+// "utilization" percent and "resets_at" (anthropicWindows first, by traffic id), codex's rate_limit windows, kimi's used/limit
+// (limit > 0, else 1 − remaining/limit; a limit's detail wins over its top level). Its error never quotes the body.
+func (p providerInfo) readUsage(body []byte, now time.Time) (ws []planWindow, err error) {
+	var members map[string]reading // claude-code's
+	var doc struct {
+		RateLimit map[string]reading `json:"rate_limit"` // codex's
+		Usage     reading            // kimi's, with Limits
+		Limits    []reading
+	}
+	json.Unmarshal(body, &doc) // its error is members'
+	if err = json.Unmarshal(body, &members); err != nil && !errors.As(err, new(*json.UnmarshalTypeError)) ||
+		!bytes.HasPrefix(bytes.TrimSpace(body), []byte("{")) {
+		return nil, errors.New("the usage report is not usable: the body is not a JSON object (" + jsonErrorKind(err) + ")")
+	}
+	windowKey := regexp.MustCompile(`^[a-z0-9_]{1,64}$`) // the shape of a member kept as a window id
+	claude := func(k, id, label string) {
+		if m := members[k]; m.Utilization.ok && m.ResetsAt.set && windowKey.MatchString(k) {
+			ws = append(ws, newWindow(id, label, m.Utilization.v/100, m.ResetsAt.ms, now, windowSourceReport))
 		}
-		if ws := read(doc, now); len(ws) > 0 {
-			return ws, nil
+		delete(members, k)
+	}
+	kimi := func(c *reading, id, label string, reset int64) {
+		used := cmp.Or(c.Used, number{c.Limit.v - c.Remaining.v, c.Remaining.ok})
+		if reset = cmp.Or(c.ResetTime.ms, c.ResetTimeSpec.ms, reset); c.Limit.v > 0 && used.ok {
+			ws = append(ws, newWindow(id, label, used.v/c.Limit.v, reset, now, windowSourceReport))
 		}
+	}
+	switch p.id {
+	case "claude-code":
+		for _, w := range anthropicWindows {
+			claude(w.member, w.id, w.label)
+		}
+		for _, k := range slices.Sorted(maps.Keys(members)) {
+			claude(k, "anthropic:"+k, strings.ReplaceAll(k, "_", " "))
+		}
+	case "codex":
+		for _, which := range []string{"primary", "secondary"} {
+			if w, ok := doc.RateLimit[which+"_window"].codexWindow(which, now, windowSourceReport); ok {
+				ws = append(ws, w)
+			}
+		}
+	case "kimi":
+		minutes := map[string]float64{"TIME_UNIT_SECOND": 1.0 / 60, "TIME_UNIT_MINUTE": 1, "TIME_UNIT_HOUR": 60, "TIME_UNIT_DAY": 24 * 60}
+		kimi(&doc.Usage, "kimi:usage", "plan usage", 0)
+		for i, l := range doc.Limits {
+			n := strconv.Itoa(i)
+			label := windowLabel(l.Window.Duration.v*minutes[l.Window.TimeUnit], "limit "+n)
+			kimi(cmp.Or(l.Detail, &l), "kimi:limit-"+n, label, cmp.Or(l.ResetTime.ms, l.ResetTimeSpec.ms))
+		}
+	}
+	if len(ws) == 0 {
 		return nil, errors.New("the usage report is not usable: it names no plan window")
 	}
+	return ws, nil
 }
 
 // jsonErrorKind says what was wrong with a JSON document without quoting a fragment of it.
@@ -466,59 +482,4 @@ func jsonErrorKind(err error) string {
 		return "syntax error at byte " + strconv.FormatInt(se.Offset, 10)
 	}
 	return "unexpected shape"
-}
-
-// claudeWindowKey is the shape of a member kept as a window id.
-var claudeWindowKey = regexp.MustCompile(`^[a-z0-9_]{1,64}$`)
-
-// claudeCodeUsage reads {base}/api/oauth/usage: a member with "utilization" percent and "resets_at" is a window, anthropicWindows
-// first under their traffic ids, then anthropic:<member> by name.
-func claudeCodeUsage(r map[string]reading, now time.Time) (ws []planWindow) {
-	add := func(k, id, label string) {
-		if m := r[k]; m.Utilization.ok && m.ResetsAt.set && claudeWindowKey.MatchString(k) {
-			ws = append(ws, newWindow(id, label, m.Utilization.v/100, m.ResetsAt.ms, now, windowSourceReport))
-		}
-	}
-	for _, w := range anthropicWindows {
-		add(w.member, w.id, w.label)
-		delete(r, w.member)
-	}
-	for _, k := range slices.Sorted(maps.Keys(r)) {
-		add(k, "anthropic:"+k, strings.ReplaceAll(k, "_", " "))
-	}
-	return ws
-}
-
-// codexUsage reads rate_limit's primary_window and secondary_window (SPEC §11.2).
-func codexUsage(r map[string]map[string]reading, now time.Time) (ws []planWindow) {
-	for _, which := range []string{"primary", "secondary"} {
-		if w, ok := r["rate_limit"][which+"_window"].codexWindow(which, now, windowSourceReport); ok {
-			ws = append(ws, w)
-		}
-	}
-	return ws
-}
-
-// kimiTimeUnits is minutes per window.timeUnit of a Kimi limit.
-var kimiTimeUnits = map[string]float64{"TIME_UNIT_SECOND": 1.0 / 60, "TIME_UNIT_MINUTE": 1, "TIME_UNIT_HOUR": 60, "TIME_UNIT_DAY": 24 * 60}
-
-// kimiUsage reads {base}/usages (SPEC §11.2): a window is used/limit (limit > 0), or else 1 − remaining/limit; a limit's detail
-// counters win over its top level's, and so does their reset.
-func kimiUsage(r struct {
-	Usage  reading
-	Limits []reading
-}, now time.Time) (ws []planWindow) {
-	add := func(c *reading, id, label string, reset int64) {
-		used := cmp.Or(c.Used, number{c.Limit.v - c.Remaining.v, c.Remaining.ok})
-		if reset = cmp.Or(c.ResetTime.ms, c.ResetTimeSpec.ms, reset); c.Limit.v > 0 && used.ok {
-			ws = append(ws, newWindow(id, label, used.v/c.Limit.v, reset, now, windowSourceReport))
-		}
-	}
-	add(&r.Usage, "kimi:usage", "plan usage", 0)
-	for i, l := range r.Limits {
-		n := strconv.Itoa(i)
-		label := windowLabel(l.Window.Duration.v*kimiTimeUnits[l.Window.TimeUnit], "limit "+n)
-		add(cmp.Or(l.Detail, &l), "kimi:limit-"+n, label, cmp.Or(l.ResetTime.ms, l.ResetTimeSpec.ms))
-	}
-	return ws
 }
