@@ -219,14 +219,14 @@ func decodeCallerJSON(data []byte, v any, what string) error {
 	return refuse("invalid_request", "malformed JSON").because(err)
 }
 
-// dropUnknown names, in the body's order, every member of the JSON object raw not in known
-// (space-separated); a non-object names nothing.
+// dropUnknown names, in the body's order, every member of the JSON object raw not in known (space-separated, any
+// case: encoding/json matches member names so); a non-object names nothing.
 func (req *chatRequest) dropUnknown(raw json.RawMessage, known string) {
 	o, _ := splitRaw(raw, '{', nil)
+	names := strings.Fields(known)
 	for _, m := range o.members {
-		// encoding/json matches member names without regard to case.
-		if k := string(m.key); !slices.ContainsFunc(strings.Fields(known), func(n string) bool { return strings.EqualFold(n, k) }) {
-			req.drop(true, k)
+		if !slices.ContainsFunc(names, func(n string) bool { return strings.EqualFold(n, string(m.key)) }) {
+			req.drop(true, string(m.key))
 		}
 	}
 }
