@@ -358,16 +358,8 @@ func (r *streamReader) run(body io.Reader, relay func(block []byte, flush bool) 
 // read takes one event: whether to relay it, whether it ends the stream, or the failure; only
 // the members named here are decoded, the rest only checked valid.
 func (r *streamReader) read(event string, data []byte) (keep, end bool, err error) {
-	if data == nil {
-		return true, false, nil // no data line dispatches nothing (WHATWG)
-	}
-	if r.protocol == protoOpenAIChat && string(data) == "[DONE]" {
-		if !r.finished {
-			return false, false, streamCut(io.EOF)
-		}
-		return true, true, r.ended()
-	}
-	e, ok := rawObject{}, json.Valid(data)
+	done := r.protocol == protoOpenAIChat && string(data) == "[DONE]"
+	e, ok := rawObject{}, data != nil && !done && json.Valid(data)
 	if ok {
 		e, ok = splitRaw(data, '{', r.scratch[0][:])
 	}
@@ -376,6 +368,12 @@ func (r *streamReader) read(event string, data []byte) (keep, end bool, err erro
 		typ = event
 	}
 	switch {
+	case data == nil:
+		keep = true // no data line dispatches nothing (WHATWG)
+	case done && !r.finished:
+		err = streamCut(io.EOF)
+	case done:
+		keep, end, err = true, true, r.ended()
 	case !ok:
 		err = eventWithout(r.protocol, "data", "one JSON object")
 	case r.protocol == protoOpenAIChat:
@@ -407,12 +405,9 @@ func (r *streamReader) ended() (err error) {
 	if r.refusal {
 		r.finish = finishContentFilter
 	}
-	for i, tc := range r.held {
-		if err == nil {
-			err = r.out.call(i+1, tc)
-		}
-		if err == nil {
-			err = r.out.args(i+1, tc.Arguments)
+	for i := 0; err == nil && i < len(r.held); i++ {
+		if err = r.out.call(i+1, r.held[i]); err == nil {
+			err = r.out.args(i+1, r.held[i].Arguments)
 		}
 	}
 	if err == nil {
