@@ -205,8 +205,7 @@ func schemaOutput(f *outputFormat) *outputFormat {
 // ("" for the body), quoting nothing (SPEC §7.6). A member with no counterpart elsewhere is dropped and named instead.
 func decodeCallerJSON(data []byte, v any, what string) error {
 	err := json.Unmarshal(data, v)
-	var se *json.SyntaxError
-	var te *json.UnmarshalTypeError
+	se, te := (*json.SyntaxError)(nil), (*json.UnmarshalTypeError)(nil)
 	switch { // a body not an object was refused before (readCallerRequest): a type error has a path
 	case err == nil:
 		return nil

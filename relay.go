@@ -232,7 +232,7 @@ func (s *callerStream) openBlock(b *streamBlock) error {
 				return err
 			}
 		}
-		if err := s.frames(s, stepClose, o, full); err != nil || b == nil {
+		if err := s.frames(s, stepClose, o, full); err != nil {
 			return err
 		}
 	}
