@@ -287,7 +287,7 @@ func callerParts[T any](req *chatRequest, raw json.RawMessage, what, kind string
 		err := decodeCallerJSON(raw, &s, what)
 		return []part{{Type: partText, Text: s}}, err
 	case '[':
-		return parts, readList(raw, what, func(it T, raw json.RawMessage, path string) error {
+		err := readList(raw, what, func(it T, raw json.RawMessage, path string) error {
 			p, err := read(it, raw, path)
 			if err == nil && p.Type == "" {
 				var it struct{ Type string }
@@ -298,6 +298,7 @@ func callerParts[T any](req *chatRequest, raw json.RawMessage, what, kind string
 			parts = append(parts, p)
 			return err
 		})
+		return parts, err // parts read after the call: the spec leaves a variable's order against a call's unset
 	}
 	return nil, refuse("invalid_request", "%s must be a string or an array of %s", what, kind)
 }
