@@ -126,8 +126,7 @@ func (s *callerStream) Read(p []byte) (int, error) {
 
 var errCallerStreamDone = errors.New("caller stream already ended")
 
-// streamStep is what a dialect's frames function writes: the answer begins, a block opens, grows or closes,
-// the answer ends (its finish and usage known) or fails.
+// streamStep is a step of the answer a dialect's frames function writes; at stepEnd its finish and usage are known.
 type streamStep int
 
 const (
