@@ -325,7 +325,7 @@ type upstreamCall struct {
 // only after the terminal signal: a cut or in-band error is provider_incomplete, a malformed event
 // provider_failure. A chat stream ended without [DONE] gets it.
 func (r *streamReader) run(body io.Reader, relay func(block []byte, flush bool) error) error {
-	ends := "\n" // passthrough: a bare "\r" ends no line, the caller reads what was sent
+	ends := "\n" // as newSSEReader says
 	if r.out != nil {
 		ends = "\r\n"
 	}
