@@ -205,8 +205,7 @@ func schemaOutput(f *outputFormat) *outputFormat {
 // ("" for the body), quoting nothing (SPEC §7.6). A member with no counterpart elsewhere is dropped and named instead.
 func decodeCallerJSON(data []byte, v any, what string) error {
 	err := json.Unmarshal(data, v)
-	var se *json.SyntaxError
-	var te *json.UnmarshalTypeError
+	se, te := (*json.SyntaxError)(nil), (*json.UnmarshalTypeError)(nil)
 	switch { // a body not an object was refused before (readCallerRequest): a type error has a path
 	case err == nil:
 		return nil
@@ -219,14 +218,14 @@ func decodeCallerJSON(data []byte, v any, what string) error {
 	return refuse("invalid_request", "malformed JSON").because(err)
 }
 
-// dropUnknown names, in the body's order, every member of the JSON object raw not in known
-// (space-separated); a non-object names nothing.
+// dropUnknown names, in the body's order, every member of the JSON object raw not in known (space-separated, any
+// case: encoding/json matches member names so); a non-object names nothing.
 func (req *chatRequest) dropUnknown(raw json.RawMessage, known string) {
 	o, _ := splitRaw(raw, '{', nil)
+	names := strings.Fields(known)
 	for _, m := range o.members {
-		// encoding/json matches member names without regard to case.
-		if k := string(m.key); !slices.ContainsFunc(strings.Fields(known), func(n string) bool { return strings.EqualFold(n, k) }) {
-			req.drop(true, k)
+		if !slices.ContainsFunc(names, func(n string) bool { return strings.EqualFold(n, string(m.key)) }) {
+			req.drop(true, string(m.key))
 		}
 	}
 }
@@ -288,7 +287,7 @@ func callerParts[T any](req *chatRequest, raw json.RawMessage, what, kind string
 		err := decodeCallerJSON(raw, &s, what)
 		return []part{{Type: partText, Text: s}}, err
 	case '[':
-		return parts, readList(raw, what, func(it T, raw json.RawMessage, path string) error {
+		err := readList(raw, what, func(it T, raw json.RawMessage, path string) error {
 			p, err := read(it, raw, path)
 			if err == nil && p.Type == "" {
 				var it struct{ Type string }
@@ -299,6 +298,7 @@ func callerParts[T any](req *chatRequest, raw json.RawMessage, what, kind string
 			parts = append(parts, p)
 			return err
 		})
+		return parts, err // parts read after the call: the spec leaves a variable's order against a call's unset
 	}
 	return nil, refuse("invalid_request", "%s must be a string or an array of %s", what, kind)
 }

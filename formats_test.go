@@ -70,8 +70,8 @@ func renderAnswer(dialect string, req chatRequest, a chatAnswer) ([]byte, error)
 		for _, tc := range a.ToolCalls {
 			calls = append(calls, callPart(tc))
 		}
-		s.rd.finish, s.rd.usage = a.Finish, a.Usage
-		err = s.tail(calls)
+		s.rd = streamReader{out: s, finish: a.Finish, usage: a.Usage, held: calls}
+		err = s.rd.ended()
 	}
 	if err == nil {
 		err = s.finish(nil)

@@ -15,9 +15,8 @@ import (
 	"time"
 )
 
-// The answer (SPEC §7.5, §7.6): a buffered answer read whole into the caller's dialect or relayed as
-// received, a stream written block by block in the caller's dialect, or relayed, and the keep-alive; the one
-// reader of a provider stream (streamReader), its failures and usage.
+// The answer (SPEC §7.5, §7.6): buffered or streamed, in the caller's dialect or relayed as received; the keep-alive;
+// the one reader of a provider stream (streamReader), its failures and usage.
 
 // Finish reasons, in the neutral (OpenAI chat) vocabulary.
 const (
@@ -57,15 +56,15 @@ func readWhole(p providerInfo, resp *http.Response) ([]byte, error) {
 // keepAliveEvery is how long a stream may be silent before Brama writes an SSE comment (SPEC §7.5). It writes; it never cuts.
 const keepAliveEvery = 15 * time.Second
 
-// openStreamAnswer sends the 200 and starts the keep-alive timer, a comment after every silence of every
-// (SPEC §7.5), restarted at each flush; model is what the dialect's events report, req's tools name translated calls.
+// openStreamAnswer commits the 200 and starts the keep-alive, a comment after every silence of every (SPEC §7.5);
+// model is what the dialect's events report, req's tools name translated calls.
 func openStreamAnswer(w http.ResponseWriter, dialect string, req chatRequest, model string, attempts int, every time.Duration) *callerStream {
 	w.Header().Set("X-Accel-Buffering", "no")
 	writeAnswer(w, "text/event-stream", attempts, nil)
 	rc := http.NewResponseController(w)
-	rc.Flush() // committed: the caller has its 200 now, however long the provider stays silent
+	rc.Flush() // the caller has its 200 now, however long the provider stays silent
 	s := &callerStream{w: w, frames: formatOf(dialect).frames, req: req, model: model}
-	s.mu.Lock() // the timer's first run reads s.flush, under mu
+	s.mu.Lock() // the timer's first run reads s.flush
 	defer s.mu.Unlock()
 	s.timer = time.AfterFunc(every, func() { s.do(func() { s.write([]byte(": keep-alive\n\n"), true) }) })
 	s.flush = func() {
@@ -84,28 +83,28 @@ func (s *callerStream) do(f func()) {
 	}
 }
 
-// close stops the timer: nothing more is written (a run of it already waiting on the lock finds the stream done).
+// close stops the timer: a run of it already waiting on the lock finds the stream done.
 func (s *callerStream) close() {
 	s.do(func() { s.done = true })
 	s.timer.Stop()
 }
 
-// answer reads a committed stream of c to its terminal signal, relayed as received (a same-format call, Brama's
-// own usage request dropped when dropUsage) or translated. It holds the lock but while it waits on the provider (Read).
+// answer reads a committed stream of c to its terminal signal, translated or relayed as received (Brama's own usage
+// request dropped when dropUsage). It holds the lock but while it waits on the provider (Read).
 func (s *callerStream) answer(c call, body io.Reader, translate, dropUsage bool) (usage, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.body = body
-	if !translate {
+	var err error
+	if s.body = body; translate {
+		err = s.translate(c, func(r *streamReader) error { return r.run(s, nil) })
+	} else {
 		s.rd = streamReader{protocol: c.res.Provider.protocol, secret: c.cred.bearer(), dropUsage: dropUsage}
-		err := s.rd.run(s, s.write)
-		return s.rd.usage, err
+		err = s.rd.run(s, s.write)
 	}
-	err := s.translate(c, func(r *streamReader) error { return r.run(s, nil) })
 	return s.rd.usage, err
 }
 
-// translate writes, start to finish, the answer read gives s's reader of c's protocol (translating into s).
+// translate writes, start to finish, the answer read gives s's reader of c's protocol.
 func (s *callerStream) translate(c call, read func(r *streamReader) error) error {
 	err := s.frames(s, stepBegin, nil, "")
 	if err == nil {
@@ -125,11 +124,9 @@ func (s *callerStream) Read(p []byte) (int, error) {
 	return s.body.Read(p)
 }
 
-// errCallerStreamDone is returned by a callerStream finished before.
 var errCallerStreamDone = errors.New("caller stream already ended")
 
-// streamStep is what a dialect's frames function writes: the answer begins, a block opens, grows or closes,
-// the answer ends (the tail, its finish and usage, came just before) or fails.
+// streamStep is a step of the answer a dialect's frames function writes; at stepEnd its finish and usage are known.
 type streamStep int
 
 const (
@@ -141,19 +138,18 @@ const (
 	stepFail
 )
 
-// callerStream writes a streamed answer in the caller's dialect (SPEC §7.5), one block at a time, each step
-// framed by the dialect's frames function; the first write error sticks. A committed stream's writer also
-// relays a same-format stream and keeps it alive, under one lock; the same writer, frames discarded, builds
-// every dialect's buffered answer (relayBuffered).
+// callerStream writes an answer in the caller's dialect (SPEC §7.5) one block at a time, each step framed by the
+// dialect's frames function. A committed stream's writer also relays a same-format stream and keeps it alive, under
+// one lock; without a writer, it builds every dialect's buffered answer (relayBuffered).
 type callerStream struct {
 	mu        sync.Mutex // a committed stream's: guards everything below against the keep-alive timer
-	unflushed bool       // bytes written, not yet flushed
+	unflushed bool
 	timer     *time.Timer
-	body      io.Reader    // the provider's stream, read by answer
+	body      io.Reader    // the provider's stream
 	rd        streamReader // its one reader
 	w         io.Writer
-	flush     func() // nil: nothing to flush (a buffered answer)
-	err       error
+	flush     func() // nil: a buffered answer
+	err       error  // the first write error: it sticks
 	frames    func(s *callerStream, step streamStep, b *streamBlock, text string) error
 	req       chatRequest
 	model     string
@@ -195,8 +191,7 @@ func (s *callerStream) text(t string) error {
 	return s.frames(s, stepDelta, s.open, t)
 }
 
-// call opens the block of tool call index (0-based, in call order): its id, and its name and kind as the caller
-// declared the tool; a custom tool's call made as a function is wrapped.
+// call opens the block of tool call index (0-based, in call order), named as the caller declared the tool.
 func (s *callerStream) call(index int, tc part) error {
 	b := &streamBlock{index: index, id: tc.ToolCallID, name: tc.ToolName, custom: tc.Custom}
 	if t := s.req.findTool(tc.ToolName); t != nil {
@@ -220,48 +215,31 @@ func (s *callerStream) args(index int, piece string) error {
 	return s.frames(s, stepDelta, b, piece)
 }
 
-// tail takes the provider's terminal signal (SPEC §7.5; its finish and usage are s.rd's): the whole calls chat's
-// reader held back, those after the first (indexes from 1).
-func (s *callerStream) tail(held []part) (err error) {
-	for i := 0; err == nil && i < len(held); i++ {
-		if err = s.call(i+1, held[i]); err == nil {
-			err = s.args(i+1, held[i].Arguments)
-		}
-	}
-	if err == nil {
-		err = s.closeOpen()
-	}
-	return err
-}
-
+// openBlock closes the open block and opens b (nil: none). A wrapped call's input (the "input" member of the
+// function made of a custom tool toward messages) goes out whole before it closes.
 func (s *callerStream) openBlock(b *streamBlock) error {
-	if err := s.closeOpen(); err != nil {
-		return err
-	}
-	b.pos, s.open, s.blocks = len(s.blocks), b, append(s.blocks, b)
-	return s.frames(s, stepOpen, b, "")
-}
-
-// closeOpen closes the open block; a wrapped call's input (the "input" member of the function made of a custom
-// tool toward messages) goes out first.
-func (s *callerStream) closeOpen() error {
-	b := s.open
-	if b == nil {
-		return nil
-	}
-	s.open = nil
-	full := b.buf.String()
-	if b.wrapped {
-		var in struct{ Input string }
-		json.Unmarshal([]byte(full), &in)
-		full = in.Input
-		b.buf.Reset()
-		b.buf.WriteString(full)
-		if err := s.frames(s, stepDelta, b, full); err != nil {
+	if o := s.open; o != nil {
+		s.open = nil
+		full := o.buf.String()
+		if o.wrapped {
+			var in struct{ Input string }
+			json.Unmarshal([]byte(full), &in)
+			full = in.Input
+			o.buf.Reset()
+			o.buf.WriteString(full)
+			if err := s.frames(s, stepDelta, o, full); err != nil {
+				return err
+			}
+		}
+		if err := s.frames(s, stepClose, o, full); err != nil {
 			return err
 		}
 	}
-	return s.frames(s, stepClose, b, full)
+	if b == nil {
+		return nil
+	}
+	b.pos, s.open, s.blocks = len(s.blocks), b, append(s.blocks, b)
+	return s.frames(s, stepOpen, b, "")
 }
 
 // finish writes the dialect's terminal sequence or, given a failure, its in-band error, never a terminal success
@@ -277,14 +255,14 @@ func (s *callerStream) finish(failure *apiError) error {
 	case failure != nil:
 		return s.frames(s, stepFail, nil, "")
 	}
-	if err := s.closeOpen(); err != nil {
+	if err := s.openBlock(nil); err != nil {
 		return err
 	}
 	return s.frames(s, stepEnd, nil, "")
 }
 
-// frame writes one event: "event: <name>\n" when name is set, then the data (Brama's own types, whose raw members it
-// built valid). A buffered answer's frames (no writer: relayBuffered) are discarded unmarshalled: only the body they keep counts.
+// frame writes one event, named when name is set; its data is Brama's own types, whose raw members it built valid.
+// A buffered answer's frames are discarded unmarshalled: only the body they keep counts.
 func (s *callerStream) frame(name string, v any) error {
 	if s.w == nil {
 		return nil
@@ -295,10 +273,10 @@ func (s *callerStream) frame(name string, v any) error {
 	return s.write(slices.Concat([]byte(name+"data: "), must(json.Marshal(v)), []byte("\n\n")), true)
 }
 
-// write writes b and, when flush is set, flushes what is unflushed (SPEC §7.5), which restarts the silence timer; a
-// relay flushes only where it may wait next: a timer reset per event costs CPU. The first write error sticks.
+// write writes b and, when flush is set, flushes what is unflushed (SPEC §7.5), which restarts the keep-alive; a
+// relay flushes only where it may wait next: a timer reset per event costs CPU.
 func (s *callerStream) write(b []byte, flush bool) error {
-	if s.err != nil || s.w == nil { // no writer: a buffered answer
+	if s.err != nil || s.w == nil {
 		return s.err
 	}
 	_, s.err = s.w.Write(b)
@@ -316,7 +294,7 @@ func (s *callerStream) write(b []byte, flush bool) error {
 type streamReader struct {
 	protocol  string
 	secret    string        // the credential in use, redacted from an in-band error's code (SPEC §8.1)
-	out       *callerStream // translation's writer (text and tool calls); nil: passthrough skips decoding them
+	out       *callerStream // translation's writer; nil: text and tool calls are not decoded
 	dropUsage bool          // chat passthrough: Brama asked for usage itself, so the usage chunk is not relayed
 	finished  bool          // the terminal signal came (chat: every choice's finish_reason)
 	finish    string
@@ -343,11 +321,11 @@ type upstreamCall struct {
 	streamed bool   // text or arguments given: the end gives none
 }
 
-// run reads body's events to the terminal signal (SPEC §7.5), lines ending as newSSEReader says, and relays
-// them as received to relay when set; nil only after the terminal signal: a cut or in-band error is
-// provider_incomplete, a malformed event provider_failure. A chat stream ended without [DONE] gets it.
+// run reads body's events to the terminal signal (SPEC §7.5), relaying them as received to relay when set; nil
+// only after the terminal signal: a cut or in-band error is provider_incomplete, a malformed event
+// provider_failure. A chat stream ended without [DONE] gets it.
 func (r *streamReader) run(body io.Reader, relay func(block []byte, flush bool) error) error {
-	ends := "\n"
+	ends := "\n" // as newSSEReader says
 	if r.out != nil {
 		ends = "\r\n"
 	}
@@ -357,7 +335,7 @@ func (r *streamReader) run(body io.Reader, relay func(block []byte, flush bool) 
 		switch {
 		case err != nil && !r.finished:
 			return streamCut(err)
-		case err != nil: // only chat is finished before its end ([DONE]): it gets one
+		case err != nil: // only chat is finished before its end ([DONE])
 			if err := r.ended(); err != nil || relay == nil {
 				return err
 			}
@@ -379,16 +357,8 @@ func (r *streamReader) run(body io.Reader, relay func(block []byte, flush bool) 
 // read takes one event: whether to relay it, whether it ends the stream, or the failure; only
 // the members named here are decoded, the rest only checked valid.
 func (r *streamReader) read(event string, data []byte) (keep, end bool, err error) {
-	if data == nil {
-		return true, false, nil // no data line dispatches nothing (WHATWG)
-	}
-	if r.protocol == protoOpenAIChat && string(data) == "[DONE]" {
-		if !r.finished {
-			return false, false, streamCut(io.EOF)
-		}
-		return true, true, r.ended()
-	}
-	e, ok := rawObject{}, json.Valid(data)
+	done := r.protocol == protoOpenAIChat && string(data) == "[DONE]"
+	e, ok := rawObject{}, data != nil && !done && json.Valid(data)
 	if ok {
 		e, ok = splitRaw(data, '{', r.scratch[0][:])
 	}
@@ -397,6 +367,12 @@ func (r *streamReader) read(event string, data []byte) (keep, end bool, err erro
 		typ = event
 	}
 	switch {
+	case data == nil:
+		keep = true // no data line dispatches nothing (WHATWG)
+	case done && !r.finished:
+		err = streamCut(io.EOF)
+	case done:
+		keep, end, err = true, true, r.ended()
 	case !ok:
 		err = eventWithout(r.protocol, "data", "one JSON object")
 	case r.protocol == protoOpenAIChat:
@@ -419,15 +395,24 @@ func (r *streamReader) decode(o rawObject, key string, v any) error {
 	return nil
 }
 
-// ended closes a translated answer at its terminal signal: chat's held calls, then the tail.
-func (r *streamReader) ended() error {
+// ended closes a translated answer at its terminal signal: the whole calls chat's reader held back (those after the
+// first, indexes from 1), then the open block.
+func (r *streamReader) ended() (err error) {
 	if r.out == nil {
 		return nil
 	}
 	if r.refusal {
 		r.finish = finishContentFilter
 	}
-	return r.out.tail(r.held)
+	for i := 0; err == nil && i < len(r.held); i++ {
+		if err = r.out.call(i+1, r.held[i]); err == nil {
+			err = r.out.args(i+1, r.held[i].Arguments)
+		}
+	}
+	if err == nil {
+		err = r.out.openBlock(nil)
+	}
+	return err
 }
 
 // upstreamStreamError is an in-band error's cause: its redacted code, and the refusalRate or refusalQuota class the
@@ -436,13 +421,10 @@ type upstreamStreamError struct{ Code, Class string }
 
 func (e *upstreamStreamError) Error() string { return "provider stream error " + e.Code }
 
-// streamErrorCodes classifies in-band error codes that say "rate" (quotaCodes those that say "quota").
-var streamErrorCodes = map[string]string{"rate_limit_exceeded": refusalRate, "rate_limit_error": refusalRate, "usage_limit_reached": refusalRate}
-
 // inBandError is provider_incomplete: the caller cannot know what was billed (SPEC §6.2, §7.5). Its code is classified
-// before the credential is redacted from it.
+// (the codes that say "rate", quotaCodes those that say "quota") before the credential is redacted from it.
 func (r *streamReader) inBandError(code string) *apiError {
-	class := streamErrorCodes[code]
+	class := map[string]string{"rate_limit_exceeded": refusalRate, "rate_limit_error": refusalRate, "usage_limit_reached": refusalRate}[code]
 	if quotaCodes[code] {
 		class = refusalQuota
 	}
@@ -455,7 +437,6 @@ func malformedAnswer(protocol string, cause error) *apiError {
 	return refuse("provider_failure", "the provider answered with a malformed %s body", protocol).because(cause)
 }
 
-// eventWithout is the malformed event of typ lacking what it must carry.
 func eventWithout(protocol, typ, what string) *apiError {
 	return malformedAnswer(protocol, errors.New(typ+" without "+what))
 }

@@ -46,7 +46,7 @@ func feed(s *callerStream, ev streamEvent) error {
 		return s.args(ev.Index, ev.Text)
 	case eventFinish:
 		s.rd.finish = ev.Finish
-		return s.tail(nil)
+		return s.openBlock(nil)
 	}
 	s.rd.usage = ev.Usage
 	return nil
