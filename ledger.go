@@ -214,17 +214,11 @@ func parseLedger(b []byte) (map[string]ledgerEntry, error) {
 func (l *ledger) entry(id string) ledgerEntry {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	e := l.entryLocked(id)
-	e.Windows = slices.Clone(e.Windows)
-	return e
-}
-
-// entryLocked is id's record as kept, sharing its windows; a missing one is active.
-func (l *ledger) entryLocked(id string) ledgerEntry {
 	e, ok := l.entries[id]
 	if !ok {
 		e.Credential.State = credActive
 	}
+	e.Windows = slices.Clone(e.Windows)
 	return e
 }
 
@@ -371,7 +365,10 @@ func (l *ledger) nextDue(now time.Time, retired map[string]bool) (best time.Time
 func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEntry, now time.Time)) {
 	defer nudge(l.changed)
 	l.change(immediate, func(entries map[string]ledgerEntry, now time.Time) {
-		e := l.entryLocked(id)
+		e, ok := entries[id]
+		if !ok {
+			e.Credential.State = credActive
+		}
 		e.Provider = cmp.Or(provider, e.Provider)
 		fn(&e, now)
 		entries[id] = e
