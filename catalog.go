@@ -323,10 +323,8 @@ func (p *perfRegistry) record(route string, ok bool, latency time.Duration, outp
 	ms := max(latency.Milliseconds(), 0)
 	p.change(false, func(routes map[string]perfEntry, _ time.Time) {
 		if e, served := routes[route]; served || ok {
-			e.Count++
-			e.Failures += int64(boolCount(!ok))
-			e.TotalLatencyMs += ms
-			e.LastLatencyMs = ms
+			e.Count, e.Failures = e.Count+1, e.Failures+int64(boolCount(!ok))
+			e.TotalLatencyMs, e.LastLatencyMs = e.TotalLatencyMs+ms, ms
 			e.OutputTokens += int64(max(outputTokens, 0))
 			if ok && latency > 0 && outputTokens > 0 {
 				e.LastTokensPerS = float64(outputTokens) / latency.Seconds()

@@ -294,9 +294,8 @@ func (inv *inventory) store(it overlayItem, cred vaultCredential, by string) (ov
 // setRetired journals agent's id out of ("retire") or back into ("reinstate") service (SPEC §9), unless the fold
 // already says so; nothing is claimed that the journal cannot record.
 func (inv *inventory) setRetired(kind, agent, id, reason string) error {
-	if err := firstBroken([]rule{{strings.TrimSpace(reason) == "", "a reason is required"},
-		{len(reason) > 512 || !printable(reason), "the reason must be printable text on one line, at most 512 bytes"}}); err != nil {
-		return refuse("invalid_request", "%v", err)
+	if strings.TrimSpace(reason) == "" || len(reason) > 512 || !printable(reason) {
+		return refuse("invalid_request", "a reason is required: printable text on one line, at most 512 bytes")
 	}
 	return inv.write(func() error {
 		_, retired, err := inv.view()
