@@ -353,7 +353,6 @@ var perfFamilies = []struct {
 	{"brama_route_last_tokens_per_second", "gauge", "Output tokens per second of the route's last successful request.", func(e perfEntry) float64 { return e.LastTokensPerS }},
 }
 
-// promMetricName is the Prometheus metric name grammar.
 var promMetricName = regexp.MustCompile(`^[a-zA-Z_:][a-zA-Z0-9_:]*$`)
 
 // writeMetrics renders the perf registry, then the extras (_total: a counter) in Prometheus text format 0.0.4,

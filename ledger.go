@@ -92,7 +92,6 @@ type ledgerStopper interface{ Stop() bool }
 
 func afterFunc(d time.Duration, f func()) ledgerStopper { return time.AfterFunc(d, f) }
 
-// nudge signals ch (buffered 1) without blocking.
 func nudge(ch chan struct{}) {
 	select {
 	case ch <- struct{}{}:
@@ -264,7 +263,6 @@ func (l *ledger) block(id, provider string, stated time.Duration, reason string)
 	return until
 }
 
-// blockedUntil is the end of id's block, or zero when it is not blocked now.
 func (l *ledger) blockedUntil(id string) time.Time {
 	if e := l.entry(id); e.Block.UntilMs > l.now().UnixMilli() {
 		return time.UnixMilli(e.Block.UntilMs)

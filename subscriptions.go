@@ -380,11 +380,9 @@ func (inv *inventory) orphans() ([]string, error) {
 	if err = unusable(cmp.Or(err, verr)); err != nil {
 		return nil, err
 	}
-	orphans := maps.Clone(doc.Subscriptions)
-	for _, it := range overlay.Items {
-		delete(orphans, it.ID)
-	}
-	return slices.Sorted(maps.Keys(orphans)), nil
+	return slices.DeleteFunc(slices.Sorted(maps.Keys(doc.Subscriptions)), func(id string) bool {
+		return slices.ContainsFunc(overlay.Items, func(it overlayItem) bool { return it.ID == id })
+	}), nil
 }
 
 // overlayLost refuses a write while the overlay is missing or empty (0 bytes: a restore cut short; Brama never
