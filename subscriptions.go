@@ -257,11 +257,7 @@ func (inv *inventory) store(it overlayItem, cred vaultCredential, by string) (ov
 		if err != nil || !fresh {
 			return err
 		}
-		err = inv.overlay.update(func(d *overlayDoc) error {
-			d.Items = append(d.Items, it)
-			return nil
-		})
-		if err == nil {
+		if err = inv.overlay.update(func(d *overlayDoc) error { d.Items = append(d.Items, it); return nil }); err == nil {
 			inv.log.Info("subscription_donated", "subscription_id", it.ID, "provider", it.Provider, "agent_id", it.AgentID)
 			return nil
 		}
@@ -410,9 +406,7 @@ func (inv *inventory) pruneOrphans() ([]string, error) {
 				"BRAMA_VAULT_FILE lies outside the state directory, maybe shared: nothing removed"))
 		}
 		return unusable(inv.vault.update(func(d *vaultDoc) error {
-			for _, id := range orphans {
-				delete(d.Subscriptions, id)
-			}
+			maps.DeleteFunc(d.Subscriptions, func(id string, _ vaultCredential) bool { return slices.Contains(orphans, id) })
 			return nil
 		}))
 	})
