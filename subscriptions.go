@@ -269,20 +269,19 @@ func (inv *inventory) store(it overlayItem, cred vaultCredential, by string) (ov
 	if err == nil && (!fresh || cred.OAuth != nil) {
 		inv.l.activate(it.ID, it.Provider, cmp.Or(cred.OAuth, &oauthGrant{}).ExpiresAtMs, 0) // an API key: none
 	}
-	if by == "" || err != nil && (asAPIError(err).Status() < 500 || fresh || it.Provider == "") {
-		return map[bool]overlayItem{true: it}[err == nil], err
-	}
-	rec := journalRecord{Kind: "subscription_sign_in", SubscriptionID: it.ID, Provider: it.Provider, Result: "signed_in",
-		Detail: map[bool]string{false: "credential replaced", true: "donated"}[fresh] + " by sign-in of client " + by}
-	if err != nil { // a known subscription's replacement that failed on Brama's side
-		rec.Result, rec.Detail = "failed", ledgerSentence("credential not replaced (client "+by+"): "+asAPIError(err).Message)
-	}
-	jerr := inv.j.append(rec)
-	level := map[bool]slog.Level{false: slog.LevelWarn, true: slog.LevelInfo}[err == nil && jerr == nil]
-	inv.log.Log(context.Background(), level, "subscription_sign_in", "subscription_id", it.ID, "agent_id", it.AgentID,
-		"provider", it.Provider, "result", rec.Result, "detail", rec.Detail, "journal_error", jerr)
-	if jerr != nil && err == nil {
-		return it, refuse("dependency_unavailable", "%s was stored, but the journal refused the sign-in: %v", it.ID, jerr).because(jerr)
+	if by != "" && (err == nil || asAPIError(err).Status() >= 500 && !fresh && it.Provider != "") {
+		rec := journalRecord{Kind: "subscription_sign_in", SubscriptionID: it.ID, Provider: it.Provider, Result: "signed_in",
+			Detail: map[bool]string{false: "credential replaced", true: "donated"}[fresh] + " by sign-in of client " + by}
+		if err != nil { // a known subscription's replacement that failed on Brama's side
+			rec.Result, rec.Detail = "failed", ledgerSentence("credential not replaced (client "+by+"): "+asAPIError(err).Message)
+		}
+		jerr := inv.j.append(rec)
+		level := map[bool]slog.Level{false: slog.LevelWarn, true: slog.LevelInfo}[err == nil && jerr == nil]
+		inv.log.Log(context.Background(), level, "subscription_sign_in", "subscription_id", it.ID, "agent_id", it.AgentID,
+			"provider", it.Provider, "result", rec.Result, "detail", rec.Detail, "journal_error", jerr)
+		if jerr != nil && err == nil {
+			return it, refuse("dependency_unavailable", "%s was stored, but the journal refused the sign-in: %v", it.ID, jerr).because(jerr)
+		}
 	}
 	return map[bool]overlayItem{true: it}[err == nil], err
 }
