@@ -306,10 +306,7 @@ func newPerfRegistry(st state, sy sys) *perfRegistry {
 	p.name, p.pathErr = st.path("perf telemetry", "perf.json")
 	var doc perfDocument
 	b, _, err := readGuarded("perf telemetry", p.name) // name "": absent
-	if err == nil {
-		err = decodeStrict("perf telemetry", b, &doc)
-	}
-	if err == nil {
+	if err = cmp.Or(err, decodeStrict("perf telemetry", b, &doc)); err == nil {
 		maps.Copy(p.entries, doc.Routes)
 	} else if !errors.Is(err, errFileAbsent) {
 		sy.log.Warn("perf_stats_unreadable", "cause", err.Error())
@@ -323,10 +320,8 @@ func (p *perfRegistry) record(route string, ok bool, latency time.Duration, outp
 	ms := max(latency.Milliseconds(), 0)
 	p.change(false, func(routes map[string]perfEntry, _ time.Time) {
 		if e, served := routes[route]; served || ok {
-			e.Count++
-			e.Failures += int64(boolCount(!ok))
-			e.TotalLatencyMs += ms
-			e.LastLatencyMs = ms
+			e.Count, e.Failures = e.Count+1, e.Failures+int64(boolCount(!ok))
+			e.TotalLatencyMs, e.LastLatencyMs = e.TotalLatencyMs+ms, ms
 			e.OutputTokens += int64(max(outputTokens, 0))
 			if ok && latency > 0 && outputTokens > 0 {
 				e.LastTokensPerS = float64(outputTokens) / latency.Seconds()
@@ -355,7 +350,6 @@ var perfFamilies = []struct {
 	{"brama_route_last_tokens_per_second", "gauge", "Output tokens per second of the route's last successful request.", func(e perfEntry) float64 { return e.LastTokensPerS }},
 }
 
-// promMetricName is the Prometheus metric name grammar.
 var promMetricName = regexp.MustCompile(`^[a-zA-Z_:][a-zA-Z0-9_:]*$`)
 
 // writeMetrics renders the perf registry, then the extras (_total: a counter) in Prometheus text format 0.0.4,

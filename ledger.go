@@ -92,7 +92,6 @@ type ledgerStopper interface{ Stop() bool }
 
 func afterFunc(d time.Duration, f func()) ledgerStopper { return time.AfterFunc(d, f) }
 
-// nudge signals ch (buffered 1) without blocking.
 func nudge(ch chan struct{}) {
 	select {
 	case ch <- struct{}{}:
@@ -170,19 +169,18 @@ type ledger struct {
 
 // newLedger loads ledger.json; an unreadable one is served empty, logged without its bytes and never overwritten (to repair).
 func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
-	l := &ledger{changed: make(chan struct{}, 1), persisted: persisted[ledgerEntry]{sys: sys{log, now}, every: ledgerWriteEvery,
-		afterFunc: afterFunc, logAs: [2]string{"ledger_unplaced", "ledger_write_failed"}, entries: map[string]ledgerEntry{},
-		doc: func(m map[string]ledgerEntry, _ time.Time) any { return ledgerDoc{SchemaVersion: 1, Subscriptions: m} }}}
 	f := stateFile[map[string]ledgerEntry]{role: "ledger", parse: parseLedger}
 	f.path, f.pathErr = st.path("ledger", ledgerFile)
-	switch entries, _, err := f.read(); { // read returns pathErr when set
-	case f.pathErr != nil:
-		l.pathErr = err
-	case err != nil:
+	l := &ledger{changed: make(chan struct{}, 1), persisted: persisted[ledgerEntry]{sys: sys{log, now}, every: ledgerWriteEvery,
+		afterFunc: afterFunc, logAs: [2]string{"ledger_unplaced", "ledger_write_failed"}, entries: map[string]ledgerEntry{},
+		doc:     func(m map[string]ledgerEntry, _ time.Time) any { return ledgerDoc{SchemaVersion: 1, Subscriptions: m} },
+		pathErr: f.pathErr}}
+	switch entries, _, err := f.read(); {
+	case err == nil:
+		l.name, l.entries = f.path, entries
+	case f.pathErr == nil: // else err is pathErr
 		l.unreadable = err
 		log.Error("ledger_unreadable", "file", f.path, "cause", err.Error())
-	default:
-		l.name, l.entries = f.path, entries
 	}
 	return l
 }
@@ -214,17 +212,11 @@ func parseLedger(b []byte) (map[string]ledgerEntry, error) {
 func (l *ledger) entry(id string) ledgerEntry {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	e := l.entryLocked(id)
-	e.Windows = slices.Clone(e.Windows)
-	return e
-}
-
-// entryLocked is id's record as kept, sharing its windows; a missing one is active.
-func (l *ledger) entryLocked(id string) ledgerEntry {
 	e, ok := l.entries[id]
 	if !ok {
 		e.Credential.State = credActive
 	}
+	e.Windows = slices.Clone(e.Windows)
 	return e
 }
 
@@ -270,7 +262,6 @@ func (l *ledger) block(id, provider string, stated time.Duration, reason string)
 	return until
 }
 
-// blockedUntil is the end of id's block, or zero when it is not blocked now.
 func (l *ledger) blockedUntil(id string) time.Time {
 	if e := l.entry(id); e.Block.UntilMs > l.now().UnixMilli() {
 		return time.UnixMilli(e.Block.UntilMs)
@@ -371,7 +362,10 @@ func (l *ledger) nextDue(now time.Time, retired map[string]bool) (best time.Time
 func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEntry, now time.Time)) {
 	defer nudge(l.changed)
 	l.change(immediate, func(entries map[string]ledgerEntry, now time.Time) {
-		e := l.entryLocked(id)
+		e, ok := entries[id]
+		if !ok {
+			e.Credential.State = credActive
+		}
 		e.Provider = cmp.Or(provider, e.Provider)
 		fn(&e, now)
 		entries[id] = e
@@ -508,15 +502,11 @@ func windowLabel(mins float64, fallback string) string {
 	if !(mins >= 1) || mins >= planMaxResetSeconds || mins != math.Trunc(mins) {
 		return fallback
 	}
-	n, unit := int64(mins), "minute"
-	switch {
-	case n%(24*60) == 0:
-		n, unit = n/(24*60), "day"
-	case n%60 == 0:
-		n, unit = n/60, "hour"
+	n := int64(mins)
+	for i, size := range []int64{24 * 60, 60, 1} {
+		if n%size == 0 {
+			return fmt.Sprintf("%d %s%s", n/size, []string{"day", "hour", "minute"}[i], map[bool]string{true: "s"}[n != size])
+		}
 	}
-	if n != 1 {
-		unit += "s"
-	}
-	return strconv.FormatInt(n, 10) + " " + unit
+	return fallback // unreachable: size 1 divides every n
 }

@@ -257,11 +257,7 @@ func (inv *inventory) store(it overlayItem, cred vaultCredential, by string) (ov
 		if err != nil || !fresh {
 			return err
 		}
-		err = inv.overlay.update(func(d *overlayDoc) error {
-			d.Items = append(d.Items, it)
-			return nil
-		})
-		if err == nil {
+		if err = inv.overlay.update(func(d *overlayDoc) error { d.Items = append(d.Items, it); return nil }); err == nil {
 			inv.log.Info("subscription_donated", "subscription_id", it.ID, "provider", it.Provider, "agent_id", it.AgentID)
 			return nil
 		}
@@ -273,20 +269,19 @@ func (inv *inventory) store(it overlayItem, cred vaultCredential, by string) (ov
 	if err == nil && (!fresh || cred.OAuth != nil) {
 		inv.l.activate(it.ID, it.Provider, cmp.Or(cred.OAuth, &oauthGrant{}).ExpiresAtMs, 0) // an API key: none
 	}
-	if by == "" || err != nil && (asAPIError(err).Status() < 500 || fresh || it.Provider == "") {
-		return map[bool]overlayItem{true: it}[err == nil], err
-	}
-	rec := journalRecord{Kind: "subscription_sign_in", SubscriptionID: it.ID, Provider: it.Provider, Result: "signed_in",
-		Detail: map[bool]string{false: "credential replaced", true: "donated"}[fresh] + " by sign-in of client " + by}
-	if err != nil { // a known subscription's replacement that failed on Brama's side
-		rec.Result, rec.Detail = "failed", ledgerSentence("credential not replaced (client "+by+"): "+asAPIError(err).Message)
-	}
-	jerr := inv.j.append(rec)
-	level := map[bool]slog.Level{false: slog.LevelWarn, true: slog.LevelInfo}[err == nil && jerr == nil]
-	inv.log.Log(context.Background(), level, "subscription_sign_in", "subscription_id", it.ID, "agent_id", it.AgentID,
-		"provider", it.Provider, "result", rec.Result, "detail", rec.Detail, "journal_error", jerr)
-	if jerr != nil && err == nil {
-		return it, refuse("dependency_unavailable", "%s was stored, but the journal refused the sign-in: %v", it.ID, jerr).because(jerr)
+	if by != "" && (err == nil || asAPIError(err).Status() >= 500 && !fresh && it.Provider != "") {
+		rec := journalRecord{Kind: "subscription_sign_in", SubscriptionID: it.ID, Provider: it.Provider, Result: "signed_in",
+			Detail: map[bool]string{false: "credential replaced", true: "donated"}[fresh] + " by sign-in of client " + by}
+		if err != nil { // a known subscription's replacement that failed on Brama's side
+			rec.Result, rec.Detail = "failed", ledgerSentence("credential not replaced (client "+by+"): "+asAPIError(err).Message)
+		}
+		jerr := inv.j.append(rec)
+		level := map[bool]slog.Level{false: slog.LevelWarn, true: slog.LevelInfo}[err == nil && jerr == nil]
+		inv.log.Log(context.Background(), level, "subscription_sign_in", "subscription_id", it.ID, "agent_id", it.AgentID,
+			"provider", it.Provider, "result", rec.Result, "detail", rec.Detail, "journal_error", jerr)
+		if jerr != nil && err == nil {
+			return it, refuse("dependency_unavailable", "%s was stored, but the journal refused the sign-in: %v", it.ID, jerr).because(jerr)
+		}
 	}
 	return map[bool]overlayItem{true: it}[err == nil], err
 }
@@ -294,9 +289,8 @@ func (inv *inventory) store(it overlayItem, cred vaultCredential, by string) (ov
 // setRetired journals agent's id out of ("retire") or back into ("reinstate") service (SPEC §9), unless the fold
 // already says so; nothing is claimed that the journal cannot record.
 func (inv *inventory) setRetired(kind, agent, id, reason string) error {
-	if err := firstBroken([]rule{{strings.TrimSpace(reason) == "", "a reason is required"},
-		{len(reason) > 512 || !printable(reason), "the reason must be printable text on one line, at most 512 bytes"}}); err != nil {
-		return refuse("invalid_request", "%v", err)
+	if strings.TrimSpace(reason) == "" || len(reason) > 512 || !printable(reason) {
+		return refuse("invalid_request", "a reason is required: printable text on one line, at most 512 bytes")
 	}
 	return inv.write(func() error {
 		_, retired, err := inv.view()
@@ -381,11 +375,9 @@ func (inv *inventory) orphans() ([]string, error) {
 	if err = unusable(cmp.Or(err, verr)); err != nil {
 		return nil, err
 	}
-	orphans := maps.Clone(doc.Subscriptions)
-	for _, it := range overlay.Items {
-		delete(orphans, it.ID)
-	}
-	return slices.Sorted(maps.Keys(orphans)), nil
+	return slices.DeleteFunc(slices.Sorted(maps.Keys(doc.Subscriptions)), func(id string) bool {
+		return slices.ContainsFunc(overlay.Items, func(it overlayItem) bool { return it.ID == id })
+	}), nil
 }
 
 // overlayLost refuses a write while the overlay is missing or empty (0 bytes: a restore cut short; Brama never
@@ -413,9 +405,7 @@ func (inv *inventory) pruneOrphans() ([]string, error) {
 				"BRAMA_VAULT_FILE lies outside the state directory, maybe shared: nothing removed"))
 		}
 		return unusable(inv.vault.update(func(d *vaultDoc) error {
-			for _, id := range orphans {
-				delete(d.Subscriptions, id)
-			}
+			maps.DeleteFunc(d.Subscriptions, func(id string, _ vaultCredential) bool { return slices.Contains(orphans, id) })
 			return nil
 		}))
 	})
