@@ -154,7 +154,10 @@ func (p *persisted[V]) flush(pendingOnly bool) {
 	p.dirty, p.lastWrite = false, p.now()
 	data, err := marshalState(p.doc(maps.Clone(p.entries), p.lastWrite)) // under mu: entries share their slices
 	p.mu.Unlock()
-	if err = cmp.Or(err, writeFileAtomic(p.name, data)); err != nil {
+	if err == nil { // a document that cannot be encoded never replaces the file
+		err = writeFileAtomic(p.name, data)
+	}
+	if err != nil {
 		p.log.Warn(p.logAs[1], "cause", err.Error())
 	}
 }

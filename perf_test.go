@@ -315,3 +315,22 @@ func TestWriteMetrics(t *testing.T) {
 		t.Error("routes are not sorted")
 	}
 }
+
+// TestPersistedUnencodableKeepsFile: a snapshot that cannot be encoded is logged and never replaces the file on disk.
+func TestPersistedUnencodableKeepsFile(t *testing.T) {
+	dir := t.TempDir()
+	clock := newCatalogClock()
+	p := newPerfRegistry(state{dir: dir}, testSys(t, clock.now))
+	p.record("r", true, time.Millisecond, 1)
+	before, err := os.ReadFile(filepath.Join(dir, "perf.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.doc = func(map[string]perfEntry, time.Time) any { return math.NaN() }
+	p.record("r", true, time.Millisecond, 1)
+	p.flush(false)
+	after, err := os.ReadFile(filepath.Join(dir, "perf.json"))
+	if err != nil || string(after) != string(before) {
+		t.Errorf("perf.json after an unencodable snapshot = %q, %v; want it unchanged: %q", after, err, before)
+	}
+}
