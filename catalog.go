@@ -177,7 +177,7 @@ func (c *catalog) current() (catalogData, string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	due, fileID := !c.now().Before(c.nextTry), "" // a file's size and modification time tell it changed
-	if c.path != "" {                             // a URL source has no file to stat on every lookup
+	if c.path != "" {
 		if fi, err := os.Stat(c.path); err == nil {
 			fileID = fmt.Sprint(fi.Size(), fi.ModTime().UnixNano())
 		}
