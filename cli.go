@@ -64,22 +64,18 @@ func commands() []command {
 		{name: "routes rm", args: "ALIAS", pos: 1, purpose: "remove an alias", example: "brama routes rm chat", run: routesCommand},
 		{name: "routes migrate", args: "[-file F] [-json]", purpose: "drop retired top-level fields, commit, print the committed document (idempotent)", example: "brama routes migrate", flags: []flagSpec{{"file", "", "registry `file` to migrate (default: the registry Brama reads)"}, {"json", false, `print {"ok":true,"file":F,"dropped":[…],"document":{…}}`}},
 			run: func(e *cliEnv, o opts, _ []string) error { // drop retired fields (SPEC §5), print what was committed
-				path, err := o.s("file"), error(nil)
-				if path == "" {
-					path, err = resolveState(e.getenv).fileOrState(e.getenv, "BRAMA_ROUTES_FILE", registryRole, "routes.json")
-				}
-				out, dropped := []byte(nil), []string(nil)
-				if err == nil {
+				reg := e.deps().reg
+				path, out, dropped, err := cmp.Or(o.s("file"), reg.path), []byte(nil), []string(nil), reg.pathErr
+				if o.s("file") != "" || err == nil {
 					out, dropped, err = migrateRegistry(path)
 				}
 				if err != nil {
 					fmt.Fprintf(e.stderr, "route migration error: %v\n", err)
 					return errRefused
 				}
-				if o.b("json") {
-					dropped, doc := append([]string{}, dropped...), json.RawMessage(out) // dropped: [] when none
-					out, _ = json.Marshal(map[string]any{"ok": true, "file": path, "dropped": dropped, "document": doc})
-					out = append(out, '\n')
+				if o.b("json") { // dropped: [] when none
+					out = append(must(json.Marshal(map[string]any{"ok": true, "file": path,
+						"dropped": append([]string{}, dropped...), "document": json.RawMessage(out)})), '\n')
 				}
 				return e.wrote(path, nil, "%s", out)
 			}},
@@ -208,17 +204,12 @@ func commands() []command {
 				retired := 0
 				table(e.stdout, nil, "ID\tPROVIDER\tSTATUS\tCREDENTIAL\tUSED\tLABEL\n", func(yield func(...string)) {
 					for _, r := range l.Subscriptions {
-						cred, used, top := "-", "-", 0.0
-						if r.Credential != nil {
-							cred = r.Credential.State
-						}
+						cred, used, top := valueOr(r.Credential, ledgerCredential{State: "-"}).State, "-", 0.0
 						for _, w := range r.Windows {
 							top = max(top, w.UsedFraction)
 							used = fmt.Sprintf("%.0f%%", top*100) + map[bool]string{true: " (stale)"}[r.Stale]
 						}
-						if r.Status == "retired" {
-							retired++
-						}
+						retired += boolCount(r.Status == "retired")
 						yield(r.ID, r.Provider, r.Status, cred, used, cmp.Or(r.Label, "-"))
 					}
 				})
@@ -236,7 +227,8 @@ func commands() []command {
 			}},
 		{name: "subscription import", args: "-provider claude-code|codex -from FILE -agent A [-label L]", need: []string{"provider", "from", "agent"}, purpose: "hand a Claude Code or Codex CLI grant over to Brama", example: "brama subscription import -provider claude-code -from ~/.claude/.credentials.json -agent a1", flags: []flagSpec{gateway, signIn, {"from", "", "the tool's credential `file` (~/.claude/.credentials.json, ~/.codex/auth.json)"}, agent("the `agent` that receives the grant"), label},
 			run: func(e *cliEnv, o opts, _ []string) error { // the credential file is read before the bearer
-				provider, tool := o.s("provider"), importFiles[o.s("provider")].tool
+				provider := o.s("provider")
+				tool := map[string]string{"claude-code": "Claude Code", "codex": "the Codex CLI"}[provider]
 				if tool == "" {
 					return &usageError{msg: fmt.Sprintf("-provider %q: import reads claude-code or codex credential files", provider)}
 				}
@@ -254,9 +246,8 @@ func commands() []command {
 				return err
 			}},
 		{name: "subscription sign-in", args: "-provider claude-code|codex -agent A [-id ID | -label L]", need: []string{"provider", "agent"}, purpose: "sign in with the provider (PKCE): the URL on stderr, the pasted code from stdin; replaces -id's grant or donates a new subscription", example: "BRAMA_TOKEN=$T brama subscription sign-in -provider claude-code -agent a1", flags: []flagSpec{gateway, signIn, agent("the `agent` that owns (or receives) the subscription"), {"id", "", "replace the credential of this subscription `id` instead of donating a new one"}, {"label", "", "a `label` for a new subscription"}},
-			// The URL on stderr, the pasted code from stdin, exchanged here, the grant handed to the daemon; the verifier, the
-			// code and the tokens are never printed. The command line, the gateway, the bearer and -id are checked first: a
-			// code is good once and for minutes only.
+			// The code is exchanged here, the grant handed to the daemon; the verifier, code and tokens are never printed.
+			// The command line, gateway, bearer and -id are checked first: a code is good once and for minutes only.
 			run: func(e *cliEnv, o opts, _ []string) error {
 				provider, agent, id := o.s("provider"), o.s("agent"), o.s("id")
 				pending, err := newSignIn(provider)
@@ -278,8 +269,7 @@ func commands() []command {
 				if code == "" {
 					return errors.New("sign-in stopped: no authorization code on stdin")
 				}
-				oa := newOAuth(e.getenv, newProviderClient(), nil, nil, slog.New(slog.DiscardHandler), time.Now)
-				grant, err := oa.exchangeCode(e.ctx, pending, code)
+				grant, err := newOAuth(e.getenv, newProviderClient(), nil, nil, slog.New(slog.DiscardHandler), time.Now).exchangeCode(e.ctx, pending, code)
 				if err != nil {
 					return fmt.Errorf("sign-in failed, nothing was stored: %w", err)
 				} else if id == "" {
@@ -369,9 +359,8 @@ func commands() []command {
 	}
 }
 
-// run is the whole program, returning once every goroutine it started has: args' command (one word, or two for a
-// group's), flags and positionals in either order (SPEC §16.1); -h prints its help on stdout. No command or help
-// lists the table; an unknown command is a usage error naming the group's commands.
+// run is the whole program, returning once every goroutine it started has: args' command (one word, or a group's two),
+// flags and positionals in either order (SPEC §16.1); -h prints its help on stdout; help (or nothing) lists the table.
 func run(ctx context.Context, cut <-chan struct{}, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
 	e := &cliEnv{ctx: ctx, cut: cut, getenv: getenv, in: bufio.NewReader(stdin), stdout: stdout, stderr: stderr}
 	if len(args) == 0 || slices.Contains([]string{"help", "-h", "-help", "--help"}, args[0]) {
@@ -472,8 +461,7 @@ func table(w io.Writer, err error, header string, rows func(yield func(...string
 	return tw.Flush()
 }
 
-// routesCommand is routes list, set (ALIAS DESTINATION) and rm (ALIAS): after a write, each prints GET /v1/aliases,
-// with -json its body, else one row per alias and a count.
+// routesCommand is routes list, set and rm: after a write each prints GET /v1/aliases (-json), or a row per alias.
 func routesCommand(e *cliEnv, o opts, p []string) error {
 	d, dest, said := e.deps(), (*string)(nil), "removed "
 	if len(p) == 2 {
@@ -524,15 +512,11 @@ usage reports: {{.Usage.Subscriptions}} subscription(s), {{.Usage.Read}} read, {
 next due: {{with .NextDueAt}}{{.}}{{else}}nothing due{{end}}
 `))
 
-// importFiles are the credential files import reads: the tool that keeps one, the object holding the grant.
-var importFiles = map[string]struct{ tool, object string }{"claude-code": {"Claude Code", "claudeAiOauth"}, "codex": {"the Codex CLI", "tokens"}}
-
 // errImportFile marks a credential file import cannot use.
 var errImportFile = errors.New("not a usable credential file")
 
-// parseImportFile reads the grant from the file claude-code or codex (the caller checks which) keeps (SPEC §10.1);
-// checkCredential refuses it as a donation would and adds what the JWT claims say (SPEC §6.2). Errors wrap
-// errImportFile, never quote a token.
+// parseImportFile reads the grant from claude-code's or codex's file (SPEC §10.1); checkCredential refuses it as a
+// donation would and adds what the JWT claims say (SPEC §6.2). Errors wrap errImportFile, never quote a token.
 func parseImportFile(provider string, b []byte) (oauthGrant, error) {
 	var f struct {
 		C *struct {
@@ -554,7 +538,7 @@ func parseImportFile(provider string, b []byte) (oauthGrant, error) {
 	case err != nil:
 		err = errors.New("not JSON (" + jsonErrorKind(err) + ")")
 	case cred.OAuth == nil:
-		err = fmt.Errorf("no %s object", importFiles[provider].object)
+		err = fmt.Errorf("no %s object", map[string]string{"claude-code": "claudeAiOauth", "codex": "tokens"}[provider])
 	default:
 		if cred, err = checkCredential(provider, cred); err == nil {
 			return *cred.OAuth, nil
