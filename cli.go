@@ -425,7 +425,7 @@ func run(ctx context.Context, cut <-chan struct{}, args []string, getenv func(st
 			fs.PrintDefaults()
 		}
 		fmt.Fprintf(e.stdout, "\nexample:\n  %s\n", c.example)
-		return err
+		return nil
 	}
 	missing := slices.DeleteFunc(slices.Clone(c.need), func(name string) bool { return strings.TrimSpace(o.s(name)) != "" })
 	switch {

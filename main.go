@@ -11,7 +11,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -66,7 +65,7 @@ var errRefused = errors.New("refused")
 
 // exitCode prints err and maps it to SPEC §16.1's exit codes.
 func exitCode(err error, stderr io.Writer) int {
-	if ue := (*usageError)(nil); err == nil || errors.Is(err, flag.ErrHelp) {
+	if ue := (*usageError)(nil); err == nil {
 		return 0
 	} else if errors.As(err, &ue) {
 		fmt.Fprintln(stderr, ue)
@@ -167,7 +166,6 @@ func serve(e *cliEnv, o opts, _ []string) error {
 		// Only sending headers is bounded: a long generation is never cut (SPEC §7.4).
 		ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 120 * time.Second,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
-	// Under the address: the state directory, and the next step while nothing can pay.
 	next := "ready: brama routes list shows what each alias serves"
 	if v, _ := s.vault.load(); !s.anyDirectPayer() && (v == nil || len(v.Subscriptions) == 0) {
 		next = "next: brama credentials set anthropic (the API key on stdin), then brama routes set 'claude-*' 'anthropic/*'" +

@@ -25,13 +25,12 @@ import (
 // server is the HTTP face of Brama: what the handlers share.
 type server struct {
 	core
-	guard   transportGuard
-	mux     *http.ServeMux
-	answers *answerStore // signed answers (SPEC §12)
-	replay  *replayGuard // SPEC §8.1; nil: off
-	maxBody int64        // BRAMA_MAX_REQUEST_BYTES, the body limit
-	// inflight is read-held by every request, so serve can wait for their log lines (a WaitGroup may not grow while waited on).
-	inflight sync.RWMutex
+	guard    transportGuard
+	mux      *http.ServeMux
+	answers  *answerStore // signed answers (SPEC §12)
+	replay   *replayGuard // SPEC §8.1; nil: off
+	maxBody  int64        // BRAMA_MAX_REQUEST_BYTES, the body limit
+	inflight sync.RWMutex // read-held by every request: serve waits for their log lines (a WaitGroup cannot grow while waited on)
 }
 
 // handler is a route's function; routes writes its error in the envelope.
@@ -62,7 +61,6 @@ func (s *server) routes() {
 	handle("POST /v1/messages/count_tokens", s.handleModel(dialectMessages, true))
 	handle("POST /v1/responses", s.handleModel(dialectResponses, false))
 	handle("POST /v1/embeddings", s.handleModel("embeddings", true))
-	// Aliases, then a provider's catalogue models when a direct key, or the caller's agent's subscription, can serve them.
 	handle("GET /v1/models", reply(200, false, func(r *http.Request, _ *struct{}) (any, error) {
 		ri, data := infoFrom(r.Context()), []listedModel{}
 		t, _ := s.reg.aliases(s.hasDirect, ri.client.mayUse)
