@@ -87,8 +87,7 @@ func openDeps(getenv func(string) string, sy sys) deps {
 	return deps{st, newVault(vpath, verr), j, newRegistry(rpath, rerr, j, sy.log), clients}
 }
 
-var testingOnlyNow func() time.Time    // tests replace the serving process's clock
-var testingOnlyKeepAlive time.Duration // and shorten the stream keep-alive interval
+var testingOnlyNow func() time.Time // tests replace the serving process's clock
 
 // serve runs the daemon until ctx ends, then drains until its requests end or e.cut closes.
 func serve(e *cliEnv, o opts, _ []string) error {
@@ -145,10 +144,9 @@ func serve(e *cliEnv, o opts, _ []string) error {
 	}
 	oauth := newOAuth(e.getenv, client, d.vault, ledger, log, now)
 	defer oauth.shutdown(e.cut)
-	s := &server{guard: guard, maxBody: maxBody, answers: newAnswerStore(d.st, log, now),
-		replay: newReplayGuard(e.getenv, log, now), core: core{deps: d, sys: sy, getenv: e.getenv, client: client,
-			keepAlive: testingOnlyKeepAlive, catalog: newCatalog(d.st, e.getenv, client, log, now), perf: newPerfRegistry(d.st, sy),
-			ledger: ledger, inv: inv, oauth: oauth, maint: newMaintainer(inv, oauth), localCreds: localCreds}}
+	s := &server{guard: guard, maxBody: maxBody, answers: newAnswerStore(d.st, log, now), replay: newReplayGuard(e.getenv, log, now),
+		core: core{deps: d, sys: sy, getenv: e.getenv, client: client, catalog: newCatalog(d.st, e.getenv, client, log, now),
+			perf: newPerfRegistry(d.st, sy), ledger: ledger, inv: inv, oauth: oauth, maint: newMaintainer(inv, oauth), localCreds: localCreds}}
 	ln, err := net.Listen("tcp", addr) // before the first client: its token is shown once, not to a start that fails
 	if err != nil {
 		return err

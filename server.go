@@ -530,9 +530,8 @@ func (s *server) handleModel(dialect string, oneCall bool) handler {
 		}
 		// SPEC §12: a signed answer reserves its key only now, after plan's checks; an empty value is refused.
 		if keys, asked := r.Header["Idempotency-Key"]; asked {
-			envelope := func(w http.ResponseWriter, err error) *apiError { return writeAPIError(w, r, err) }
 			replayed, err := s.answers.serve(r.Context(), w, signedCall{client: ri.client.ID, route: ri.route, keys: keys,
-				stream: req.head.Stream, body: ri.body, t: &ri.tally, envelope: envelope}, route)
+				stream: req.head.Stream, body: ri.body, t: &ri.tally, req: r}, route)
 			ri.counted = ri.counted || replayed
 			return err
 		}
