@@ -49,16 +49,13 @@ func (o opts) b(name string) bool   { return *o[name].(*bool) }
 // lock (SPEC §2.3); `subscription …` and `maintain` call the daemon's admin API, the overlay's only writer.
 func commands() []command {
 	agent := func(help string) flagSpec { return flagSpec{"agent", "", help} }
-	asJSON := func(body string) flagSpec { return flagSpec{"json", false, "print the body of " + body} }
 	label := flagSpec{"label", "", "an optional `label` (printable, at most 128 bytes)"}
-	signIn := flagSpec{"provider", "", "claude-code or codex"}
-	reason := func(help string) flagSpec { return flagSpec{"reason", "", help} }
 	gateway := flagSpec{"gateway", "http://127.0.0.1:8080", "the brama serve `URL` to call"} // the daemon's admin API
 	return []command{
 		{name: "serve", args: "[-addr ADDR] [-local-credentials-stdin]", purpose: "run the daemon", example: "brama serve -addr 127.0.0.1:8080", run: serve, flags: []flagSpec{{"addr", "127.0.0.1:8080", "`address` to listen on"}, {"local-credentials-stdin", false, "read a JSON object provider → API key from stdin and keep it in memory only; it becomes the only source of direct credentials"}}},
 		{name: "version", purpose: "print the version /health reports", example: "brama version",
 			run: func(e *cliEnv, _ opts, _ []string) error { return e.say(nil, "brama %s\n", version) }},
-		{name: "routes list", args: "[-json]", purpose: "one aligned row per alias, then the count that cannot serve", example: "brama routes list", flags: []flagSpec{asJSON("GET /v1/aliases")},
+		{name: "routes list", args: "[-json]", purpose: "one aligned row per alias, then the count that cannot serve", example: "brama routes list", flags: []flagSpec{{"json", false, "print the body of GET /v1/aliases"}},
 			run: routesCommand},
 		{name: "routes set", args: "ALIAS DESTINATION", pos: 2, purpose: "set an alias (journaled route_change, by cli)", example: "brama routes set chat openai/gpt-4o", run: routesCommand},
 		{name: "routes rm", args: "ALIAS", pos: 1, purpose: "remove an alias", example: "brama routes rm chat", run: routesCommand},
@@ -194,7 +191,7 @@ func commands() []command {
 				}
 				return e.donate(o.s("agent"), "", body)
 			}},
-		{name: "subscription list", args: "-agent A [-json]", need: []string{"agent"}, purpose: "one aligned row per subscription", example: "BRAMA_TOKEN=$T brama subscription list -agent a1", flags: []flagSpec{gateway, agent("the `agent` whose subscriptions to list"), asJSON("GET /v1/subscriptions/{agent_id}")},
+		{name: "subscription list", args: "-agent A [-json]", need: []string{"agent"}, purpose: "one aligned row per subscription", example: "BRAMA_TOKEN=$T brama subscription list -agent a1", flags: []flagSpec{gateway, agent("the `agent` whose subscriptions to list"), {"json", false, "print the body of GET /v1/subscriptions/{agent_id}"}},
 			run: func(e *cliEnv, o opts, _ []string) error { // USED: the fullest window's
 				var l struct{ Subscriptions []subscriptionRow }
 				b, err := e.call("GET", subscriptionPath(o.s("agent")), nil, &l)
@@ -215,17 +212,17 @@ func commands() []command {
 				})
 				return e.say(nil, "%d subscription(s), %d retired\n", len(l.Subscriptions), retired)
 			}},
-		{name: "subscription retire", args: "-agent A [-reason R] ID", pos: 1, need: []string{"agent"}, purpose: "retire a subscription (journaled)", example: "brama subscription retire -agent a1 sub_0123456789abcdef", flags: []flagSpec{gateway, agent("the `agent` that owns the subscription"), reason(`why (journaled; default "retired by <client id>")`)},
+		{name: "subscription retire", args: "-agent A [-reason R] ID", pos: 1, need: []string{"agent"}, purpose: "retire a subscription (journaled)", example: "brama subscription retire -agent a1 sub_0123456789abcdef", flags: []flagSpec{gateway, agent("the `agent` that owns the subscription"), {"reason", "", `why (journaled; default "retired by <client id>")`}},
 			run: func(e *cliEnv, o opts, p []string) error { // an empty reason is the daemon's default
 				_, err := e.call("DELETE", subscriptionPath(o.s("agent"), p[0])+"?reason="+url.QueryEscape(o.s("reason")), nil, nil)
 				return e.say(err, "retired %s\n", p[0])
 			}},
-		{name: "subscription reinstate", args: "-agent A -reason R ID", pos: 1, need: []string{"agent", "reason"}, purpose: "put a retired subscription back", example: `brama subscription reinstate -agent a1 -reason "back" sub_0123456789abcdef`, flags: []flagSpec{gateway, agent("the `agent` that owns the subscription"), reason("why (required; journaled)")},
+		{name: "subscription reinstate", args: "-agent A -reason R ID", pos: 1, need: []string{"agent", "reason"}, purpose: "put a retired subscription back", example: `brama subscription reinstate -agent a1 -reason "back" sub_0123456789abcdef`, flags: []flagSpec{gateway, agent("the `agent` that owns the subscription"), {"reason", "", "why (required; journaled)"}},
 			run: func(e *cliEnv, o opts, p []string) error {
 				_, err := e.call("POST", subscriptionPath(o.s("agent"), p[0], "reinstate"), map[string]string{"reason": o.s("reason")}, nil)
 				return e.say(err, "reinstated %s\n", p[0])
 			}},
-		{name: "subscription import", args: "-provider claude-code|codex -from FILE -agent A [-label L]", need: []string{"provider", "from", "agent"}, purpose: "hand a Claude Code or Codex CLI grant over to Brama", example: "brama subscription import -provider claude-code -from ~/.claude/.credentials.json -agent a1", flags: []flagSpec{gateway, signIn, {"from", "", "the tool's credential `file` (~/.claude/.credentials.json, ~/.codex/auth.json)"}, agent("the `agent` that receives the grant"), label},
+		{name: "subscription import", args: "-provider claude-code|codex -from FILE -agent A [-label L]", need: []string{"provider", "from", "agent"}, purpose: "hand a Claude Code or Codex CLI grant over to Brama", example: "brama subscription import -provider claude-code -from ~/.claude/.credentials.json -agent a1", flags: []flagSpec{gateway, {"provider", "", "claude-code or codex"}, {"from", "", "the tool's credential `file` (~/.claude/.credentials.json, ~/.codex/auth.json)"}, agent("the `agent` that receives the grant"), label},
 			run: func(e *cliEnv, o opts, _ []string) error { // the credential file is read before the bearer
 				provider := o.s("provider")
 				tool := map[string]string{"claude-code": "Claude Code", "codex": "the Codex CLI"}[provider]
@@ -245,7 +242,7 @@ func commands() []command {
 				}
 				return err
 			}},
-		{name: "subscription sign-in", args: "-provider claude-code|codex -agent A [-id ID | -label L]", need: []string{"provider", "agent"}, purpose: "sign in with the provider (PKCE): the URL on stderr, the pasted code from stdin; replaces -id's grant or donates a new subscription", example: "BRAMA_TOKEN=$T brama subscription sign-in -provider claude-code -agent a1", flags: []flagSpec{gateway, signIn, agent("the `agent` that owns (or receives) the subscription"), {"id", "", "replace the credential of this subscription `id` instead of donating a new one"}, {"label", "", "a `label` for a new subscription"}},
+		{name: "subscription sign-in", args: "-provider claude-code|codex -agent A [-id ID | -label L]", need: []string{"provider", "agent"}, purpose: "sign in with the provider (PKCE): the URL on stderr, the pasted code from stdin; replaces -id's grant or donates a new subscription", example: "BRAMA_TOKEN=$T brama subscription sign-in -provider claude-code -agent a1", flags: []flagSpec{gateway, {"provider", "", "claude-code or codex"}, agent("the `agent` that owns (or receives) the subscription"), {"id", "", "replace the credential of this subscription `id` instead of donating a new one"}, {"label", "", "a `label` for a new subscription"}},
 			// The code is exchanged here, the grant handed to the daemon; the verifier, code and tokens are never printed.
 			// The command line, gateway, bearer and -id are checked first: a code is good once and for minutes only.
 			run: func(e *cliEnv, o opts, _ []string) error {
@@ -286,7 +283,7 @@ func commands() []command {
 				_, err := e.call("POST", "/v1/admin/vault/prune-orphans", nil, &body)
 				return e.say(err, "removed %d orphaned credential(s) from the vault: %s\n", len(body.Removed), strings.Join(body.Removed, " "))
 			}},
-		{name: "maintain", args: "[-gateway URL] [-json]", purpose: "run one maintenance pass now; exit 0 only when it was ok", example: "BRAMA_TOKEN=$T brama maintain", flags: []flagSpec{gateway, asJSON("POST /v1/admin/maintain")},
+		{name: "maintain", args: "[-gateway URL] [-json]", purpose: "run one maintenance pass now; exit 0 only when it was ok", example: "BRAMA_TOKEN=$T brama maintain", flags: []flagSpec{gateway, {"json", false, "print the body of POST /v1/admin/maintain"}},
 			run: func(e *cliEnv, o opts, _ []string) error {
 				var rep passReport
 				b, err := e.call("POST", "/v1/admin/maintain", nil, &rep)
