@@ -48,7 +48,7 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 		switch {
 		case req.head.Stream:
 			providerFacts(w.Header(), resp.Header, pass)
-			sa := openStreamAnswer(w, req.dialect, tr, model, attempts, cmp.Or(e.keepAlive, keepAliveEvery))
+			sa := openStreamAnswer(w, req.dialect, tr, model, attempts, cmp.Or(testingOnlyKeepAlive, keepAliveEvery))
 			defer sa.close()
 			var err error
 			if u, err = sa.answer(c, resp.Body, !pass, req.addsUsage(p)); err != nil {
@@ -249,7 +249,7 @@ type signedCall struct {
 	stream        bool
 	body          []byte
 	t             *tally
-	envelope      func(http.ResponseWriter, error) *apiError // a refusal in the caller's dialect
+	req           *http.Request // the caller's: a refusal is written in its dialect
 }
 
 // serve answers c (SPEC §12), replaying a kept answer or keeping dispatch's; the error is a refusal for the caller to write.
@@ -297,7 +297,7 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 		}
 		if cut != nil {
 			rec = httptest.NewRecorder()
-			c.envelope(rec, cut.withAttempts(calls))
+			writeAPIError(rec, c.req, cut.withAttempts(calls))
 			c.t.outcome, c.t.retryable = cut.Code, false
 		}
 		if err := a.keep(t, rec, &calls); err != nil { // paid for: given unsigned rather than lost
@@ -362,7 +362,7 @@ func (a *answerStore) reserve(c signedCall) (*answerRecord, error) {
 			return nil, refuse("state_conflict", "this Idempotency-Key was used with another request body")
 		case open && rec.BootID != a.bootID: // a stopped process's: kept as item 2's refusal, attempts unknown
 			e := httptest.NewRecorder()
-			c.envelope(e, refuse("internal_error", abandonedMessage))
+			writeAPIError(e, c.req, refuse("internal_error", abandonedMessage))
 			rec.path, rec.key = path, key
 			if err = a.keep(rec, e, nil); err != nil {
 				return nil, refuse("internal_error", "the abandoned answer for this Idempotency-Key could not be kept").because(err)

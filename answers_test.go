@@ -42,7 +42,7 @@ func TestSignedAnswerHangUp(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			w := httptest.NewRecorder()
 			c := signedCall{client: "local", route: ta.route, keys: []string{"k"}, body: []byte(body), t: ta,
-				envelope: func(w http.ResponseWriter, err error) *apiError { return writeAPIError(w, r, err) }}
+				req: r}
 			a.serve(ctx, w, c, func(w http.ResponseWriter) {
 				ta.attempts = tc.calls // as the engine's account does
 				cancel()               // the caller hangs up while the call is in flight

@@ -49,37 +49,30 @@ func (o opts) b(name string) bool   { return *o[name].(*bool) }
 // lock (SPEC §2.3); `subscription …` and `maintain` call the daemon's admin API, the overlay's only writer.
 func commands() []command {
 	agent := func(help string) flagSpec { return flagSpec{"agent", "", help} }
-	asJSON := func(body string) flagSpec { return flagSpec{"json", false, "print the body of " + body} }
 	label := flagSpec{"label", "", "an optional `label` (printable, at most 128 bytes)"}
-	signIn := flagSpec{"provider", "", "claude-code or codex"}
-	reason := func(help string) flagSpec { return flagSpec{"reason", "", help} }
 	gateway := flagSpec{"gateway", "http://127.0.0.1:8080", "the brama serve `URL` to call"} // the daemon's admin API
 	return []command{
 		{name: "serve", args: "[-addr ADDR] [-local-credentials-stdin]", purpose: "run the daemon", example: "brama serve -addr 127.0.0.1:8080", run: serve, flags: []flagSpec{{"addr", "127.0.0.1:8080", "`address` to listen on"}, {"local-credentials-stdin", false, "read a JSON object provider → API key from stdin and keep it in memory only; it becomes the only source of direct credentials"}}},
 		{name: "version", purpose: "print the version /health reports", example: "brama version",
 			run: func(e *cliEnv, _ opts, _ []string) error { return e.say(nil, "brama %s\n", version) }},
-		{name: "routes list", args: "[-json]", purpose: "one aligned row per alias, then the count that cannot serve", example: "brama routes list", flags: []flagSpec{asJSON("GET /v1/aliases")},
+		{name: "routes list", args: "[-json]", purpose: "one aligned row per alias, then the count that cannot serve", example: "brama routes list", flags: []flagSpec{{"json", false, "print the body of GET /v1/aliases"}},
 			run: routesCommand},
 		{name: "routes set", args: "ALIAS DESTINATION", pos: 2, purpose: "set an alias (journaled route_change, by cli)", example: "brama routes set chat openai/gpt-4o", run: routesCommand},
 		{name: "routes rm", args: "ALIAS", pos: 1, purpose: "remove an alias", example: "brama routes rm chat", run: routesCommand},
 		{name: "routes migrate", args: "[-file F] [-json]", purpose: "drop retired top-level fields, commit, print the committed document (idempotent)", example: "brama routes migrate", flags: []flagSpec{{"file", "", "registry `file` to migrate (default: the registry Brama reads)"}, {"json", false, `print {"ok":true,"file":F,"dropped":[…],"document":{…}}`}},
 			run: func(e *cliEnv, o opts, _ []string) error { // drop retired fields (SPEC §5), print what was committed
-				path, err := o.s("file"), error(nil)
-				if path == "" {
-					path, err = resolveState(e.getenv).fileOrState(e.getenv, "BRAMA_ROUTES_FILE", registryRole, "routes.json")
-				}
-				out, dropped := []byte(nil), []string(nil)
-				if err == nil {
+				reg := e.deps().reg
+				path, out, dropped, err := cmp.Or(o.s("file"), reg.path), []byte(nil), []string(nil), reg.pathErr
+				if o.s("file") != "" || err == nil {
 					out, dropped, err = migrateRegistry(path)
 				}
 				if err != nil {
 					fmt.Fprintf(e.stderr, "route migration error: %v\n", err)
 					return errRefused
 				}
-				if o.b("json") {
-					dropped, doc := append([]string{}, dropped...), json.RawMessage(out) // dropped: [] when none
-					out, _ = json.Marshal(map[string]any{"ok": true, "file": path, "dropped": dropped, "document": doc})
-					out = append(out, '\n')
+				if o.b("json") { // dropped: [] when none
+					out = append(must(json.Marshal(map[string]any{"ok": true, "file": path,
+						"dropped": append([]string{}, dropped...), "document": json.RawMessage(out)})), '\n')
 				}
 				return e.wrote(path, nil, "%s", out)
 			}},
@@ -198,7 +191,7 @@ func commands() []command {
 				}
 				return e.donate(o.s("agent"), "", body)
 			}},
-		{name: "subscription list", args: "-agent A [-json]", need: []string{"agent"}, purpose: "one aligned row per subscription", example: "BRAMA_TOKEN=$T brama subscription list -agent a1", flags: []flagSpec{gateway, agent("the `agent` whose subscriptions to list"), asJSON("GET /v1/subscriptions/{agent_id}")},
+		{name: "subscription list", args: "-agent A [-json]", need: []string{"agent"}, purpose: "one aligned row per subscription", example: "BRAMA_TOKEN=$T brama subscription list -agent a1", flags: []flagSpec{gateway, agent("the `agent` whose subscriptions to list"), {"json", false, "print the body of GET /v1/subscriptions/{agent_id}"}},
 			run: func(e *cliEnv, o opts, _ []string) error { // USED: the fullest window's
 				var l struct{ Subscriptions []subscriptionRow }
 				b, err := e.call("GET", subscriptionPath(o.s("agent")), nil, &l)
@@ -208,35 +201,31 @@ func commands() []command {
 				retired := 0
 				table(e.stdout, nil, "ID\tPROVIDER\tSTATUS\tCREDENTIAL\tUSED\tLABEL\n", func(yield func(...string)) {
 					for _, r := range l.Subscriptions {
-						cred, used, top := "-", "-", 0.0
-						if r.Credential != nil {
-							cred = r.Credential.State
-						}
+						cred, used, top := valueOr(r.Credential, ledgerCredential{State: "-"}).State, "-", 0.0
 						for _, w := range r.Windows {
 							top = max(top, w.UsedFraction)
 							used = fmt.Sprintf("%.0f%%", top*100) + map[bool]string{true: " (stale)"}[r.Stale]
 						}
-						if r.Status == "retired" {
-							retired++
-						}
+						retired += boolCount(r.Status == "retired")
 						yield(r.ID, r.Provider, r.Status, cred, used, cmp.Or(r.Label, "-"))
 					}
 				})
 				return e.say(nil, "%d subscription(s), %d retired\n", len(l.Subscriptions), retired)
 			}},
-		{name: "subscription retire", args: "-agent A [-reason R] ID", pos: 1, need: []string{"agent"}, purpose: "retire a subscription (journaled)", example: "brama subscription retire -agent a1 sub_0123456789abcdef", flags: []flagSpec{gateway, agent("the `agent` that owns the subscription"), reason(`why (journaled; default "retired by <client id>")`)},
+		{name: "subscription retire", args: "-agent A [-reason R] ID", pos: 1, need: []string{"agent"}, purpose: "retire a subscription (journaled)", example: "brama subscription retire -agent a1 sub_0123456789abcdef", flags: []flagSpec{gateway, agent("the `agent` that owns the subscription"), {"reason", "", `why (journaled; default "retired by <client id>")`}},
 			run: func(e *cliEnv, o opts, p []string) error { // an empty reason is the daemon's default
 				_, err := e.call("DELETE", subscriptionPath(o.s("agent"), p[0])+"?reason="+url.QueryEscape(o.s("reason")), nil, nil)
 				return e.say(err, "retired %s\n", p[0])
 			}},
-		{name: "subscription reinstate", args: "-agent A -reason R ID", pos: 1, need: []string{"agent", "reason"}, purpose: "put a retired subscription back", example: `brama subscription reinstate -agent a1 -reason "back" sub_0123456789abcdef`, flags: []flagSpec{gateway, agent("the `agent` that owns the subscription"), reason("why (required; journaled)")},
+		{name: "subscription reinstate", args: "-agent A -reason R ID", pos: 1, need: []string{"agent", "reason"}, purpose: "put a retired subscription back", example: `brama subscription reinstate -agent a1 -reason "back" sub_0123456789abcdef`, flags: []flagSpec{gateway, agent("the `agent` that owns the subscription"), {"reason", "", "why (required; journaled)"}},
 			run: func(e *cliEnv, o opts, p []string) error {
 				_, err := e.call("POST", subscriptionPath(o.s("agent"), p[0], "reinstate"), map[string]string{"reason": o.s("reason")}, nil)
 				return e.say(err, "reinstated %s\n", p[0])
 			}},
-		{name: "subscription import", args: "-provider claude-code|codex -from FILE -agent A [-label L]", need: []string{"provider", "from", "agent"}, purpose: "hand a Claude Code or Codex CLI grant over to Brama", example: "brama subscription import -provider claude-code -from ~/.claude/.credentials.json -agent a1", flags: []flagSpec{gateway, signIn, {"from", "", "the tool's credential `file` (~/.claude/.credentials.json, ~/.codex/auth.json)"}, agent("the `agent` that receives the grant"), label},
+		{name: "subscription import", args: "-provider claude-code|codex -from FILE -agent A [-label L]", need: []string{"provider", "from", "agent"}, purpose: "hand a Claude Code or Codex CLI grant over to Brama", example: "brama subscription import -provider claude-code -from ~/.claude/.credentials.json -agent a1", flags: []flagSpec{gateway, {"provider", "", "claude-code or codex"}, {"from", "", "the tool's credential `file` (~/.claude/.credentials.json, ~/.codex/auth.json)"}, agent("the `agent` that receives the grant"), label},
 			run: func(e *cliEnv, o opts, _ []string) error { // the credential file is read before the bearer
-				provider, tool := o.s("provider"), importFiles[o.s("provider")].tool
+				provider := o.s("provider")
+				tool := map[string]string{"claude-code": "Claude Code", "codex": "the Codex CLI"}[provider]
 				if tool == "" {
 					return &usageError{msg: fmt.Sprintf("-provider %q: import reads claude-code or codex credential files", provider)}
 				}
@@ -253,10 +242,9 @@ func commands() []command {
 				}
 				return err
 			}},
-		{name: "subscription sign-in", args: "-provider claude-code|codex -agent A [-id ID | -label L]", need: []string{"provider", "agent"}, purpose: "sign in with the provider (PKCE): the URL on stderr, the pasted code from stdin; replaces -id's grant or donates a new subscription", example: "BRAMA_TOKEN=$T brama subscription sign-in -provider claude-code -agent a1", flags: []flagSpec{gateway, signIn, agent("the `agent` that owns (or receives) the subscription"), {"id", "", "replace the credential of this subscription `id` instead of donating a new one"}, {"label", "", "a `label` for a new subscription"}},
-			// The URL on stderr, the pasted code from stdin, exchanged here, the grant handed to the daemon; the verifier, the
-			// code and the tokens are never printed. The command line, the gateway, the bearer and -id are checked first: a
-			// code is good once and for minutes only.
+		{name: "subscription sign-in", args: "-provider claude-code|codex -agent A [-id ID | -label L]", need: []string{"provider", "agent"}, purpose: "sign in with the provider (PKCE): the URL on stderr, the pasted code from stdin; replaces -id's grant or donates a new subscription", example: "BRAMA_TOKEN=$T brama subscription sign-in -provider claude-code -agent a1", flags: []flagSpec{gateway, {"provider", "", "claude-code or codex"}, agent("the `agent` that owns (or receives) the subscription"), {"id", "", "replace the credential of this subscription `id` instead of donating a new one"}, {"label", "", "a `label` for a new subscription"}},
+			// The code is exchanged here, the grant handed to the daemon; the verifier, code and tokens are never printed.
+			// The command line, gateway, bearer and -id are checked first: a code is good once and for minutes only.
 			run: func(e *cliEnv, o opts, _ []string) error {
 				provider, agent, id := o.s("provider"), o.s("agent"), o.s("id")
 				pending, err := newSignIn(provider)
@@ -278,8 +266,7 @@ func commands() []command {
 				if code == "" {
 					return errors.New("sign-in stopped: no authorization code on stdin")
 				}
-				oa := newOAuth(e.getenv, newProviderClient(), nil, nil, slog.New(slog.DiscardHandler), time.Now)
-				grant, err := oa.exchangeCode(e.ctx, pending, code)
+				grant, err := newOAuth(e.getenv, newProviderClient(), nil, nil, slog.New(slog.DiscardHandler), time.Now).exchangeCode(e.ctx, pending, code)
 				if err != nil {
 					return fmt.Errorf("sign-in failed, nothing was stored: %w", err)
 				} else if id == "" {
@@ -296,7 +283,7 @@ func commands() []command {
 				_, err := e.call("POST", "/v1/admin/vault/prune-orphans", nil, &body)
 				return e.say(err, "removed %d orphaned credential(s) from the vault: %s\n", len(body.Removed), strings.Join(body.Removed, " "))
 			}},
-		{name: "maintain", args: "[-gateway URL] [-json]", purpose: "run one maintenance pass now; exit 0 only when it was ok", example: "BRAMA_TOKEN=$T brama maintain", flags: []flagSpec{gateway, asJSON("POST /v1/admin/maintain")},
+		{name: "maintain", args: "[-gateway URL] [-json]", purpose: "run one maintenance pass now; exit 0 only when it was ok", example: "BRAMA_TOKEN=$T brama maintain", flags: []flagSpec{gateway, {"json", false, "print the body of POST /v1/admin/maintain"}},
 			run: func(e *cliEnv, o opts, _ []string) error {
 				var rep passReport
 				b, err := e.call("POST", "/v1/admin/maintain", nil, &rep)
@@ -369,9 +356,8 @@ func commands() []command {
 	}
 }
 
-// run is the whole program, returning once every goroutine it started has: args' command (one word, or two for a
-// group's), flags and positionals in either order (SPEC §16.1); -h prints its help on stdout. No command or help
-// lists the table; an unknown command is a usage error naming the group's commands.
+// run is the whole program, returning once every goroutine it started has: args' command (one word, or a group's two),
+// flags and positionals in either order (SPEC §16.1); -h prints its help on stdout; help (or nothing) lists the table.
 func run(ctx context.Context, cut <-chan struct{}, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
 	e := &cliEnv{ctx: ctx, cut: cut, getenv: getenv, in: bufio.NewReader(stdin), stdout: stdout, stderr: stderr}
 	if len(args) == 0 || slices.Contains([]string{"help", "-h", "-help", "--help"}, args[0]) {
@@ -436,7 +422,7 @@ func run(ctx context.Context, cut <-chan struct{}, args []string, getenv func(st
 			fs.PrintDefaults()
 		}
 		fmt.Fprintf(e.stdout, "\nexample:\n  %s\n", c.example)
-		return err
+		return nil
 	}
 	missing := slices.DeleteFunc(slices.Clone(c.need), func(name string) bool { return strings.TrimSpace(o.s(name)) != "" })
 	switch {
@@ -472,8 +458,7 @@ func table(w io.Writer, err error, header string, rows func(yield func(...string
 	return tw.Flush()
 }
 
-// routesCommand is routes list, set (ALIAS DESTINATION) and rm (ALIAS): after a write, each prints GET /v1/aliases,
-// with -json its body, else one row per alias and a count.
+// routesCommand is routes list, set and rm: after a write each prints GET /v1/aliases (-json), or a row per alias.
 func routesCommand(e *cliEnv, o opts, p []string) error {
 	d, dest, said := e.deps(), (*string)(nil), "removed "
 	if len(p) == 2 {
@@ -524,15 +509,11 @@ usage reports: {{.Usage.Subscriptions}} subscription(s), {{.Usage.Read}} read, {
 next due: {{with .NextDueAt}}{{.}}{{else}}nothing due{{end}}
 `))
 
-// importFiles are the credential files import reads: the tool that keeps one, the object holding the grant.
-var importFiles = map[string]struct{ tool, object string }{"claude-code": {"Claude Code", "claudeAiOauth"}, "codex": {"the Codex CLI", "tokens"}}
-
 // errImportFile marks a credential file import cannot use.
 var errImportFile = errors.New("not a usable credential file")
 
-// parseImportFile reads the grant from the file claude-code or codex (the caller checks which) keeps (SPEC §10.1);
-// checkCredential refuses it as a donation would and adds what the JWT claims say (SPEC §6.2). Errors wrap
-// errImportFile, never quote a token.
+// parseImportFile reads the grant from claude-code's or codex's file (SPEC §10.1); checkCredential refuses it as a
+// donation would and adds what the JWT claims say (SPEC §6.2). Errors wrap errImportFile, never quote a token.
 func parseImportFile(provider string, b []byte) (oauthGrant, error) {
 	var f struct {
 		C *struct {
@@ -554,7 +535,7 @@ func parseImportFile(provider string, b []byte) (oauthGrant, error) {
 	case err != nil:
 		err = errors.New("not JSON (" + jsonErrorKind(err) + ")")
 	case cred.OAuth == nil:
-		err = fmt.Errorf("no %s object", importFiles[provider].object)
+		err = fmt.Errorf("no %s object", map[string]string{"claude-code": "claudeAiOauth", "codex": "tokens"}[provider])
 	default:
 		if cred, err = checkCredential(provider, cred); err == nil {
 			return *cred.OAuth, nil

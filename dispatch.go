@@ -521,8 +521,7 @@ type core struct {
 	client     *http.Client      // provider calls: no timeout, no redirects, no proxy
 	catalog    *catalog
 	perf       *perfRegistry
-	keepAlive  time.Duration // 0: keepAliveEvery; tests shorten it
-	attempts   atomic.Int64  // provider calls made since start, for /metrics
+	attempts   atomic.Int64 // provider calls made since start, for /metrics
 	ledger     *ledger
 	inv        *inventory
 	oauth      *oauthClient

@@ -11,7 +11,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -26,13 +25,11 @@ import (
 	"time"
 )
 
-// version is reported by /health and `brama version`.
-const version = "0.1.0-dev"
+const version = "0.1.0-dev" // reported by /health and `brama version`
 
-// main: a CLI command keeps the signals' default effect, so one SIGINT ends it wherever it waits, reading stdin
-// included (SPEC §17). For serve the first SIGINT, SIGTERM or SIGHUP (a closed terminal) ends ctx (serve stops taking
-// requests and lets the running ones end), the second closes cut (serve cuts what still runs). A SIGHUP ignored at
-// start (nohup) stays ignored.
+// main: a CLI command keeps the signals' default effect: one SIGINT ends it wherever it waits (SPEC §17). For serve the
+// first SIGINT, SIGTERM or SIGHUP (unless ignored at start: nohup) ends ctx (no new requests, the running ones end),
+// the second closes cut (serve cuts what still runs).
 func main() {
 	ctx, drain := context.WithCancel(context.Background())
 	cut := make(chan struct{})
@@ -68,17 +65,14 @@ var errRefused = errors.New("refused")
 
 // exitCode prints err and maps it to SPEC §16.1's exit codes.
 func exitCode(err error, stderr io.Writer) int {
-	var ue *usageError
-	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
+	if ue := (*usageError)(nil); err == nil {
 		return 0
-	case errors.Is(err, errRefused):
-		return 1
-	case errors.As(err, &ue):
+	} else if errors.As(err, &ue) {
 		fmt.Fprintln(stderr, ue)
 		return 2
+	} else if !errors.Is(err, errRefused) {
+		fmt.Fprintf(stderr, "brama: %v\n", err)
 	}
-	fmt.Fprintf(stderr, "brama: %v\n", err)
 	return 1
 }
 
@@ -93,11 +87,7 @@ func openDeps(getenv func(string) string, sy sys) deps {
 	return deps{st, newVault(vpath, verr), j, newRegistry(rpath, rerr, j, sy.log), clients}
 }
 
-// Tests replace the serving process's clock and shorten the stream keep-alive interval.
-var (
-	testingOnlyNow       func() time.Time
-	testingOnlyKeepAlive time.Duration
-)
+var testingOnlyNow func() time.Time // tests replace the serving process's clock
 
 // serve runs the daemon until ctx ends, then drains until its requests end or e.cut closes.
 func serve(e *cliEnv, o opts, _ []string) error {
@@ -109,14 +99,13 @@ func serve(e *cliEnv, o opts, _ []string) error {
 	maxBody, bodyErr := envWhole(e.getenv, "BRAMA_MAX_REQUEST_BYTES", "bytes", 1, defaultMaxRequestBytes, 64)
 	guard, guardErr := newTransportGuard(e.getenv("BRAMA_TRUSTED_PROXY_IPS"))
 	addr := o.s("addr")
-	_, port, addrErr := net.SplitHostPort(addr) // net.Listen would take no port for a random one
-	if _, err := net.LookupPort("tcp", port); addrErr == nil && (port == "" || err != nil) {
-		addrErr = cmp.Or(err, errors.New("no port"))
+	_, port, err := net.SplitHostPort(addr) // net.Listen would take no port for a random one
+	if _, perr := net.LookupPort("tcp", port); err == nil && (port == "" || perr != nil) {
+		err = cmp.Or(perr, errors.New("no port"))
 	}
-	if addrErr != nil {
-		addrErr = &usageError{msg: fmt.Sprintf("-addr %q is not HOST:PORT to listen on (e.g. 127.0.0.1:8080): %v", addr, addrErr)}
-	}
-	if err := cmp.Or(addrErr, bodyErr, guardErr); err != nil {
+	if err != nil {
+		return &usageError{msg: fmt.Sprintf("-addr %q is not HOST:PORT to listen on (e.g. 127.0.0.1:8080): %v", addr, err)}
+	} else if err := cmp.Or(bodyErr, guardErr); err != nil {
 		return err
 	}
 	var localCreds map[string]string // {"provider":"api key",…} from stdin, keys trimmed; nil: the vault's are read
@@ -155,10 +144,9 @@ func serve(e *cliEnv, o opts, _ []string) error {
 	}
 	oauth := newOAuth(e.getenv, client, d.vault, ledger, log, now)
 	defer oauth.shutdown(e.cut)
-	s := &server{guard: guard, maxBody: maxBody, answers: newAnswerStore(d.st, log, now),
-		replay: newReplayGuard(e.getenv, log, now), core: core{deps: d, sys: sy, getenv: e.getenv, client: client,
-			keepAlive: testingOnlyKeepAlive, catalog: newCatalog(d.st, e.getenv, client, log, now), perf: newPerfRegistry(d.st, sy),
-			ledger: ledger, inv: inv, oauth: oauth, maint: newMaintainer(inv, oauth), localCreds: localCreds}}
+	s := &server{guard: guard, maxBody: maxBody, answers: newAnswerStore(d.st, log, now), replay: newReplayGuard(e.getenv, log, now),
+		core: core{deps: d, sys: sy, getenv: e.getenv, client: client, catalog: newCatalog(d.st, e.getenv, client, log, now),
+			perf: newPerfRegistry(d.st, sy), ledger: ledger, inv: inv, oauth: oauth, maint: newMaintainer(inv, oauth), localCreds: localCreds}}
 	ln, err := net.Listen("tcp", addr) // before the first client: its token is shown once, not to a start that fails
 	if err != nil {
 		return err
@@ -176,14 +164,12 @@ func serve(e *cliEnv, o opts, _ []string) error {
 		// Only sending headers is bounded: a long generation is never cut (SPEC §7.4).
 		ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 120 * time.Second,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
-	// Under the address: the state directory, and the next step while nothing can pay.
-	where := cmp.Or(d.st.dir, fmt.Sprintf("none (%v): nothing is kept", d.st.cause))
 	next := "ready: brama routes list shows what each alias serves"
 	if v, _ := s.vault.load(); !s.anyDirectPayer() && (v == nil || len(v.Subscriptions) == 0) {
 		next = "next: brama credentials set anthropic (the API key on stdin), then brama routes set 'claude-*' 'anthropic/*'" +
 			"; or a local model: brama deployments add NAME -port 11434"
 	}
-	fmt.Fprintf(e.stdout, "listening on http://%s\nstate: %s\n%s\n", ln.Addr(), where, next)
+	fmt.Fprintf(e.stdout, "listening on http://%s\nstate: %s\n%s\n", ln.Addr(), cmp.Or(d.st.dir, fmt.Sprintf("none (%v): nothing is kept", d.st.cause)), next)
 	log.Info("serve_started", "addr", ln.Addr().String(), "version", version, "state_dir", d.st.dir != "")
 
 	var wg sync.WaitGroup
@@ -281,21 +267,18 @@ func (e *cliEnv) bearer() error {
 	return nil
 }
 
-// call sends one admin request (body nil: none) and returns the success body, decoded into out unless out is nil;
-// any other answer is an error quoting the envelope. No time limit of Brama's own (a pass may wait on token
-// endpoints); one SIGINT ends the command (SPEC §17).
+// call sends one admin request (body nil: none) and returns the success body, decoded into out unless nil; any other
+// answer is an error quoting the envelope. No time limit of Brama's own: one SIGINT ends the command (SPEC §17).
 func (e *cliEnv) call(method, path string, body, out any) ([]byte, error) {
 	var rd io.Reader
 	if body != nil {
-		b, _ := json.Marshal(body) // a donation, vaultCredential or map of strings cannot fail
-		rd = bytes.NewReader(b)
+		rd = bytes.NewReader(must(json.Marshal(body))) // a donation, vaultCredential or map of strings
 	}
 	req, _ := http.NewRequestWithContext(e.ctx, method, e.gateway+path, rd) // the gateway is checked, the path escaped
 	if err := e.bearer(); err != nil {
 		return nil, err
 	}
-	req.Header.Set("Authorization", "Bearer "+e.auth)
-	req.Header.Set("Content-Type", "application/json")
+	req.Header = http.Header{"Authorization": {"Bearer " + e.auth}, "Content-Type": {"application/json"}}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("cannot reach the gateway at %s: %w", e.gateway, errors.Unwrap(err))
@@ -346,9 +329,8 @@ func parseOnboarding(b []byte) (*onboardProgress, error) {
 	return prog, nil
 }
 
-// onboard walks the first-use journey in-process, no daemon or bearer: each step passed is recorded and printed
-// ("done …"); the first that is not prints the command to run next ("next: …") and ends the walk. The one billable
-// call is made only with -allow-provider-cost, and only ctx cancels it (SPEC §7.4).
+// onboard walks the first-use journey in-process (SPEC §14): each step passed is recorded and printed ("done …"); the
+// first that is not prints the command to run next ("next: …"). The one billable call needs -allow-provider-cost.
 func onboard(e *cliEnv, o opts, _ []string) error {
 	model, sy := o.s("model"), e.sys()
 	// The call is planned as the daemon would, with the daemon's state files but no ledger.

@@ -56,6 +56,8 @@ func readWhole(p providerInfo, resp *http.Response) ([]byte, error) {
 // keepAliveEvery is how long a stream may be silent before Brama writes an SSE comment (SPEC §7.5). It writes; it never cuts.
 const keepAliveEvery = 15 * time.Second
 
+var testingOnlyKeepAlive time.Duration // tests shorten keepAliveEvery
+
 // openStreamAnswer commits the 200 and starts the keep-alive, a comment after every silence of every (SPEC §7.5);
 // model is what the dialect's events report, req's tools name translated calls.
 func openStreamAnswer(w http.ResponseWriter, dialect string, req chatRequest, model string, attempts int, every time.Duration) *callerStream {

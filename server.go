@@ -25,19 +25,18 @@ import (
 // server is the HTTP face of Brama: what the handlers share.
 type server struct {
 	core
-	guard   transportGuard
-	mux     *http.ServeMux
-	answers *answerStore // signed answers (SPEC §12)
-	replay  *replayGuard // SPEC §8.1; nil: off
-	maxBody int64        // BRAMA_MAX_REQUEST_BYTES, the body limit
-	// inflight is read-held by every request, so serve can wait for their log lines (a WaitGroup may not grow while waited on).
-	inflight sync.RWMutex
+	guard    transportGuard
+	mux      *http.ServeMux
+	answers  *answerStore // signed answers (SPEC §12)
+	replay   *replayGuard // SPEC §8.1; nil: off
+	maxBody  int64        // BRAMA_MAX_REQUEST_BYTES, the body limit
+	inflight sync.RWMutex // read-held by every request: serve waits for their log lines (a WaitGroup cannot grow while waited on)
 }
 
-type handler func(http.ResponseWriter, *http.Request) error // a route's function; routes writes its error in the envelope
+// handler is a route's function; routes writes its error in the envelope.
+type handler func(http.ResponseWriter, *http.Request) error
 
-// defaultMaxRequestBytes is the body limit unless BRAMA_MAX_REQUEST_BYTES names another.
-const defaultMaxRequestBytes = 64 << 20
+const defaultMaxRequestBytes = 64 << 20 // unless BRAMA_MAX_REQUEST_BYTES names another
 
 // routes is the only place URL patterns appear. Every route but /health and /readyz needs a client
 // (SPEC §3.1), an admin one under /v1/admin/; a handler's error is written in the envelope.
@@ -62,7 +61,6 @@ func (s *server) routes() {
 	handle("POST /v1/messages/count_tokens", s.handleModel(dialectMessages, true))
 	handle("POST /v1/responses", s.handleModel(dialectResponses, false))
 	handle("POST /v1/embeddings", s.handleModel("embeddings", true))
-	// Aliases, then a provider's catalogue models when a direct key, or the caller's agent's subscription, can serve them.
 	handle("GET /v1/models", reply(200, false, func(r *http.Request, _ *struct{}) (any, error) {
 		ri, data := infoFrom(r.Context()), []listedModel{}
 		t, _ := s.reg.aliases(s.hasDirect, ri.client.mayUse)
@@ -333,8 +331,7 @@ func (s *server) caller(role string, w http.ResponseWriter, r *http.Request) err
 	case agent != "" && agent != p:
 		return refuse("forbidden", "this request acts for agent %q, not %q", agent, p)
 	}
-	limit := s.maxBody
-	var body []byte
+	limit, body := s.maxBody, []byte(nil)
 	if ce := r.Header.Get("Content-Encoding"); r.ContentLength <= limit && ce != "" && !strings.EqualFold(ce, "identity") {
 		return refuse("invalid_request", "a compressed request body (Content-Encoding) is not read; send it uncompressed")
 	} else if r.ContentLength <= limit {
@@ -414,9 +411,8 @@ func newTransportGuard(list string) (transportGuard, error) {
 	return g, nil
 }
 
-// allows reports whether r came over an acceptable transport. A forwarded header counts by its last
-// element, the trusted proxy's own (RFC 7239 §4), and every one that names a proto must say https:
-// a proxy passes on the header it does not set as the client wrote it.
+// allows reports whether r came over an acceptable transport. A forwarded header counts by its last element, the
+// proxy's own (RFC 7239 §4); every one naming a proto must say https: a proxy passes on, as written, one it does not set.
 func (g transportGuard) allows(r *http.Request) bool {
 	host, _, _ := net.SplitHostPort(r.RemoteAddr)
 	ip := net.ParseIP(host)
@@ -437,8 +433,7 @@ func (g transportGuard) allows(r *http.Request) bool {
 	return ip.IsLoopback() || xfp+fwd != "" && https(xfp) && https(fwd)
 }
 
-// handleReady answers GET /readyz by SPEC §13 (ready, reasons, warnings); sentences name files by role, never by a
-// path outside the state directory.
+// handleReady answers GET /readyz (SPEC §13); sentences name files by role, never by a path outside the state directory.
 func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	reasons, warnings := []string{}, []string{}
 	warn := func(format string, args ...any) { warnings = append(warnings, fmt.Sprintf(format, args...)) }
@@ -451,7 +446,6 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 		warn("the state directory has mode %#o: group or other may remove or replace its files, the journal too (chmod 700)", perm)
 	}
 	errOf := func(_ any, err error) error { return err }
-	_, keyErr := readAnswerKey(s.st, false)
 	check := func(what, env, path string, pathErr, err error, expected ...error) {
 		if pathErr != nil && !errors.Is(pathErr, s.st.cause) { // not the value: it may lie outside the state directory
 			warn("%s is not an absolute path, so that file has no place (§2.1's no state directory)", env)
@@ -466,7 +460,7 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	check("", "", "", nil, errOf(s.inv.overlay.load()), errNoState) // the error names the overlay and the rule
 	check("ledger unusable (served empty, never overwritten): ", "", "", nil, s.ledger.unreadable)
 	check("journal unusable: ", "", "", nil, errOf(s.journal.size()), errNoState)
-	check("answer key unusable (every signed answer is refused): ", "", "", nil, keyErr, errFileAbsent, errNoState)
+	check("answer key unusable (every signed answer is refused): ", "", "", nil, errOf(readAnswerKey(s.st, false)), errFileAbsent, errNoState)
 	if ids := s.vault.unwrittenIDs(); len(ids) > 0 {
 		warn("the vault refused to keep the rotated OAuth grant of %s: it is used from memory and written again at the next maintenance pass (a restart before that loses it)", strings.Join(ids, ", "))
 	}
@@ -503,9 +497,8 @@ func (s *server) credentialChanged(it overlayItem) {
 	}
 }
 
-// handleModel serves a chat route: read the head, resolve, pay, call; the whole body is parsed only to translate
-// (SPEC §7.6). oneCall routes make one planned call (SPEC §15): count_tokens resolves as /v1/messages does, §6.4's
-// max_tokens rule aside; embeddings take a direct or alias route to an openai-chat provider, its JSON returned as is.
+// handleModel serves a chat route: read the head, resolve, pay, call; the body is parsed whole only to translate (SPEC
+// §7.6). oneCall routes make one planned call (SPEC §15): count_tokens, and embeddings (the provider's JSON as is).
 func (s *server) handleModel(dialect string, oneCall bool) handler {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		ri := infoFrom(r.Context())
@@ -537,9 +530,8 @@ func (s *server) handleModel(dialect string, oneCall bool) handler {
 		}
 		// SPEC §12: a signed answer reserves its key only now, after plan's checks; an empty value is refused.
 		if keys, asked := r.Header["Idempotency-Key"]; asked {
-			envelope := func(w http.ResponseWriter, err error) *apiError { return writeAPIError(w, r, err) }
 			replayed, err := s.answers.serve(r.Context(), w, signedCall{client: ri.client.ID, route: ri.route, keys: keys,
-				stream: req.head.Stream, body: ri.body, t: &ri.tally, envelope: envelope}, route)
+				stream: req.head.Stream, body: ri.body, t: &ri.tally, req: r}, route)
 			ri.counted = ri.counted || replayed
 			return err
 		}
