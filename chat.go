@@ -65,12 +65,12 @@ type (
 		JSONSchema outputFormat `json:"json_schema,omitzero"`
 	}
 	chatCompletion struct { // the answer, and each chunk of a stream
-		ID      string          `json:"id,omitempty"`
-		Object  string          `json:"object,omitempty"`
-		Created int64           `json:"created,omitempty"`
-		Model   string          `json:"model,omitempty"`
-		Choices []chatChoice    `json:"choices"`
-		Usage   json.RawMessage `json:"usage,omitempty"` // a chatUsage
+		ID      string       `json:"id,omitempty"`
+		Object  string       `json:"object,omitempty"`
+		Created int64        `json:"created,omitempty"`
+		Model   string       `json:"model,omitempty"`
+		Choices []chatChoice `json:"choices"`
+		Usage   *chatUsage   `json:"usage,omitempty"`
 	}
 	chatChoice struct {
 		Index        int          `json:"index"`
@@ -106,15 +106,14 @@ func parseChatCompletions(cr *callerRequest) (chatRequest, error) {
 	b.ResponseFormat.JSONSchema.Type = b.ResponseFormat.Type // "" when none
 	err = cmp.Or(err, readList(b.Messages, "messages", req.addChatMessage),
 		readList(b.Tools, "tools", func(t chatToolCall, raw json.RawMessage, what string) error { // as Responses' flat tool
-			if t.Type != toolFunction && t.Type != toolCustom { // another type is dropped and named
-				req.drop(true, cmp.Or(t.Type, "tools"))
-				return nil
+			flat := t.nested(t.Type == toolCustom).tool
+			if flat.Type = t.Type; t.Type == toolFunction || t.Type == toolCustom {
+				req.dropUnknown(raw, "type "+t.Type)
+				req.dropUnknown(rawMember(raw, t.Type), chatNested[t.Type])
+				return req.addOpenAITool(flat, nil, what)
 			}
-			req.dropUnknown(raw, "type "+t.Type)
-			req.dropUnknown(rawMember(raw, t.Type), chatNested[t.Type])
-			flat := valueOr(map[string]*chatFunction{toolFunction: t.Function, toolCustom: t.Custom}[t.Type], chatFunction{}).tool
-			flat.Type = t.Type
-			return req.addOpenAITool(flat, nil, what)
+			req.drop(true, cmp.Or(t.Type, "tools")) // another type is dropped and named
+			return nil
 		}),
 		req.setOpenAIToolChoice(b.ToolChoice, true),
 		readList(b.Stop, "stop", func(stop string, _ json.RawMessage, _ string) error { // [] asks for nothing
@@ -139,34 +138,32 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 		text, err := req.callerTextOf(m.Content, what+".content", "text", "\n")
 		req.Messages = appendPart(req.Messages, "user", part{Type: partToolResult, ToolCallID: m.ToolCallID, Text: text})
 		return err
-	case "user", "assistant":
+	case "assistant":
+		if rawIsNull(m.Content) { // beside tool calls
+			m.Content = json.RawMessage("[]")
+		}
+	case "user":
 	default:
 		return refuse("invalid_request", "%s.role %s is not system, developer, user, assistant or tool", what, quoteCallerToken(m.Role))
 	}
-	var parts []part
-	var err error
-	if m.Role == "user" || !rawIsNull(m.Content) {
-		parts, err = callerParts(req, m.Content, what+".content", "content parts",
-			func(cp chatPart, raw json.RawMessage, path string) (p part, err error) {
-				switch img, doc := valueOr(cp.ImageURL, chatURL{}), valueOr(cp.File, chatURL{}); {
-				case cp.Type == "text" && cp.Text == nil:
-					return p, refuse("invalid_request", "%s.text is required", path)
-				case cp.Type == "text":
-					p = part{Type: partText, Text: *cp.Text}
-				case cp.Type == "image_url":
-					p = part{Type: partImage, ImageURL: img.URL, Detail: img.Detail}
-					err = checkCallerURL(p.ImageURL, path+".image_url.url")
-				case cp.Type == "file" && doc.FileData != "":
-					p = part{Type: partDocument, FileURL: doc.FileData, Filename: doc.Filename}
-					err = checkCallerURL(p.FileURL, path+".file.file_data")
-				default: // a part Brama does not carry
-					return p, nil
-				}
-				req.dropUnknown(raw, "type "+cp.Type) // then the members of its object not in chatNested
-				req.dropUnknown(rawMember(raw, cp.Type), chatNested[cp.Type])
-				return p, err
-			})
-	}
+	parts, err := callerParts(req, m.Content, what+".content", "content parts",
+		func(cp chatPart, raw json.RawMessage, path string) (p part, err error) {
+			switch img, doc := valueOr(cp.ImageURL, chatURL{}), valueOr(cp.File, chatURL{}); {
+			case cp.Type == "text" && cp.Text == nil:
+				return p, refuse("invalid_request", "%s.text is required", path)
+			case cp.Type == "text":
+				p = part{Type: partText, Text: *cp.Text}
+			case cp.Type == "image_url":
+				p, err = part{Type: partImage, ImageURL: img.URL, Detail: img.Detail}, checkCallerURL(img.URL, path+".image_url.url")
+			case cp.Type == "file" && doc.FileData != "":
+				p, err = part{Type: partDocument, FileURL: doc.FileData, Filename: doc.Filename}, checkCallerURL(doc.FileData, path+".file.file_data")
+			default: // a part Brama does not carry
+				return p, nil
+			}
+			req.dropUnknown(raw, "type "+cp.Type) // then the members of its object not in chatNested
+			req.dropUnknown(rawMember(raw, cp.Type), chatNested[cp.Type])
+			return p, err
+		})
 	parts = slices.DeleteFunc(parts, func(p part) bool { return p.Type == partText && p.Text == "" && len(m.ToolCalls) > 0 })
 	for i, tc := range m.ToolCalls { // an assistant's only, as tool_use is in messages
 		c, ok := tc.call(tc.Type == toolCustom) // a custom call reads no function, nor a function call custom
@@ -220,19 +217,18 @@ func (req *chatRequest) setOpenAIToolChoice(raw json.RawMessage, nested bool) er
 		Type, Name, Namespace string
 		Function, Custom      struct{ Name string }
 	}
-	switch rawShape(raw) {
-	case 0, 'n': // absent, or null
+	switch {
+	case rawIsNull(raw):
 		return nil
-	case '"':
-		if json.Unmarshal(raw, &tc.Type); !slices.Contains([]string{toolChoiceAuto, toolChoiceNone, toolChoiceRequired}, tc.Type) {
+	case json.Unmarshal(raw, &tc.Type) == nil: // a mode
+		if !slices.Contains([]string{toolChoiceAuto, toolChoiceNone, toolChoiceRequired}, tc.Type) {
 			return refuse("invalid_request", "tool_choice must be \"auto\", \"none\", \"required\" or a tool")
 		}
 		req.ToolChoice = &toolChoice{Mode: tc.Type}
 		return nil
-	default: // an object, or a type error naming tool_choice
-		if err := decodeCallerJSON(raw, &tc, "tool_choice"); err != nil {
-			return err
-		}
+	}
+	if err := decodeCallerJSON(raw, &tc, "tool_choice"); err != nil { // an object, or a type error naming tool_choice
+		return err
 	}
 	if nested {
 		tc.Name = tc.Function.Name + tc.Custom.Name
@@ -267,11 +263,9 @@ func (req chatRequest) openAIToolChoice(nested bool) json.RawMessage {
 func encodeChat(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 	out := chatRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream}, ParallelToolCalls: req.ParallelToolCalls,
 		ReasoningEffort: req.Effort, Verbosity: req.Verbosity, ToolChoice: req.openAIToolChoice(true), Stop: jsonArray(req.Stop),
-		openAIShared: req.Shared}
-	if req.MaxTokens > 0 && c.res.Provider.id == "openai" { // its reasoning models take only this, as a passthrough call sends
-		out.MaxCompletionTokens = &req.MaxTokens
-	} else if req.MaxTokens > 0 {
-		out.MaxTokens = &req.MaxTokens
+		MaxTokens: ifSet(&req.MaxTokens, req.MaxTokens > 0), openAIShared: req.Shared}
+	if c.res.Provider.id == "openai" { // its reasoning models take only this, as a passthrough call sends
+		out.MaxTokens, out.MaxCompletionTokens = nil, out.MaxTokens
 	}
 	if req.Stream {
 		out.StreamOptions = json.RawMessage(`{"include_usage":true}`)
@@ -339,10 +333,15 @@ func chatCall(index *int, id, name, args string, custom bool) chatToolCall {
 	return tc
 }
 
+// nested is what tc nests under its type: a custom call's or tool's custom member, else its function.
+func (tc chatToolCall) nested(custom bool) chatFunction {
+	return valueOr(map[bool]*chatFunction{false: tc.Function, true: tc.Custom}[custom], chatFunction{})
+}
+
 // call is tc as a neutral tool_call part: a custom call read from its custom member, else a function call from its
 // function; ok is false when that member, its id or name, a custom call's input, or a known type is missing.
 func (tc chatToolCall) call(custom bool) (part, bool) {
-	f := valueOr(map[bool]*chatFunction{false: tc.Function, true: tc.Custom}[custom], chatFunction{})
+	f := tc.nested(custom)
 	in := map[bool]*string{false: f.Arguments, true: f.Input}[custom]
 	c := part{Type: partToolCall, ToolCallID: tc.ID, ToolName: f.Name, Arguments: valueOr(in, ""), Custom: custom}
 	return c, c.ToolCallID != "" && c.ToolName != "" && (!custom || in != nil) &&
@@ -364,8 +363,10 @@ func decodeChat(body []byte, rd *streamReader) error {
 	m := r.Choices[0].Message
 	rd.finish = map[bool]string{false: finishStop, true: finishToolCalls}[len(m.ToolCalls) > 0]
 	rd.finish = cmp.Or(chatFinishes[cmp.Or(valueOr(r.Choices[0].FinishReason, ""), rd.finish)], finishStop)
-	rd.usage, err = usageOf(protoOpenAIChat, r.Usage)
-	if err = cmp.Or(err, rd.delta(m)); err != nil { // malformed usage refuses the answer, as it does a stream
+	if u := r.Usage; u != nil {
+		rd.usage = usage{u.PromptTokens, u.CompletionTokens, true}
+	}
+	if err := rd.delta(m); err != nil {
 		return err
 	}
 	return rd.ended()
@@ -390,11 +391,8 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 	case step == stepFail: // the envelope of SPEC §8.1 as a final data frame
 		return s.frame("", s.failure.body())
 	case step == stepEnd:
-		finish := ptrTo(cmp.Or(s.rd.finish, finishStop))
-		var u json.RawMessage // left out, not zeros, when unreported
-		if n := s.rd.usage; n.Reported {
-			u = must(json.Marshal(chatUsage{n.InputTokens, n.OutputTokens, n.InputTokens + n.OutputTokens}))
-		}
+		finish, n := ptrTo(cmp.Or(s.rd.finish, finishStop)), s.rd.usage
+		u := ifSet(&chatUsage{n.InputTokens, n.OutputTokens, n.InputTokens + n.OutputTokens}, n.Reported) // left out, not zeros, when unreported
 		if s.flush == nil { // a buffered answer: content null beside only tool calls, as OpenAI sends it
 			text, m := "", chatMessage{Role: "assistant"}
 			for _, b := range s.blocks {
@@ -421,7 +419,7 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 }
 
 // chatChunk writes a chat.completion.chunk of this answer: its one choice, or none beside usage.
-func (s *callerStream) chatChunk(u json.RawMessage, choices ...chatChoice) error {
+func (s *callerStream) chatChunk(u *chatUsage, choices ...chatChoice) error {
 	return s.frame("", chatCompletion{s.id, "chat.completion.chunk", s.created, s.model, append([]chatChoice{}, choices...), u})
 }
 
@@ -473,17 +471,11 @@ func (r *streamReader) readChat(event string, e rawObject) (keep bool, err error
 // delta gives the caller stream a chat delta's (or an answer's) text, a refusal's too, and tool call pieces. Content is
 // a string, or parts whose text counts, as some compatible providers send it; calls after the first are held to the end.
 func (r *streamReader) delta(d *chatMessage) error {
-	var t string
-	if !rawIsNull(d.Content) && json.Unmarshal(d.Content, &t) != nil {
-		var parts []chatPart
-		if err := json.Unmarshal(d.Content, &parts); err != nil {
-			return malformedAnswer(protoOpenAIChat, err)
-		}
-		for _, p := range parts { // a text part's; no other carries text
-			t += valueOr(p.Text, "")
-		}
+	t, refused, err := contentText(d.Content)
+	if err != nil {
+		return malformedAnswer(protoOpenAIChat, err)
 	}
-	t, r.refusal = t+d.Refusal, r.refusal || d.Refusal != "" // a refusal's text, and the finish content_filter
+	t, r.refusal = t+d.Refusal, r.refusal || refused || d.Refusal != "" // a refusal's text, and the finish content_filter
 	if err := r.out.text(t); err != nil {
 		return err
 	}

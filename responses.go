@@ -87,12 +87,9 @@ const responsesKnown = "model instructions input tools tool_choice parallel_tool
 func parseResponses(cr *callerRequest) (chatRequest, error) {
 	var b responsesRequestBody
 	req, err := newCallerRequest(cr, &b, &b.callerHead, responsesKnown)
-	if err != nil {
-		return chatRequest{}, err
-	}
 	for _, ref := range []string{"previous_response_id", "conversation", "prompt"} { // refused as item_reference is
-		if !rawIsNull(rawMember(cr.body.src, ref)) {
-			return chatRequest{}, refuse("invalid_request", "%s is not supported across formats: it names what only the "+
+		if err == nil && !rawIsNull(rawMember(cr.body.src, ref)) {
+			err = refuse("invalid_request", "%s is not supported across formats: it names what only the "+
 				"provider that stored it holds; send the instructions and items themselves", ref)
 		}
 	}
@@ -100,21 +97,20 @@ func parseResponses(cr *callerRequest) (chatRequest, error) {
 	req.dropUnknown(rawMember(cr.body.src, "text"), "format verbosity")
 	req.Shared, req.ParallelToolCalls = b.openAIShared, b.ParallelToolCalls
 	req.System, req.Verbosity = b.Instructions, b.Text.Verbosity
-	switch rawShape(b.Input) {
-	case '"':
-		if err = req.addResponsesItem(responsesItem{Role: "user", Content: b.Input}, nil, "input"); string(b.Input) == `""` {
-			err = refuse("invalid_request", "input must not be empty")
-		}
-	case '[':
-		err = readList(b.Input, "input", req.addResponsesItem)
-	default:
-		err = refuse("invalid_request", "input is required: a string or an array of items")
-	}
 	if b.Reasoning.Effort != "" {
 		req.Effort, req.EffortName = b.Reasoning.Effort, "effort"
 	}
-	err = cmp.Or(err, readList(b.Tools, "tools", req.addOpenAITool), req.setOpenAIToolChoice(b.ToolChoice, false),
-		req.setOutput(b.Text.Format, "text.format"))
+	switch {
+	case err != nil: // the first refusal wins
+	case string(b.Input) == `""`:
+		err = refuse("invalid_request", "input must not be empty")
+	case rawShape(b.Input) == '"': // one user message
+		b.Input = slices.Concat([]byte(`[{"role":"user","content":`), b.Input, []byte("}]"))
+	case rawShape(b.Input) != '[':
+		err = refuse("invalid_request", "input is required: a string or an array of items")
+	}
+	err = cmp.Or(err, readList(b.Input, "input", req.addResponsesItem), readList(b.Tools, "tools", req.addOpenAITool),
+		req.setOpenAIToolChoice(b.ToolChoice, false), req.setOutput(b.Text.Format, "text.format"))
 	return req.finishParse(err, "input must hold at least one user, assistant or tool item")
 }
 
@@ -227,10 +223,8 @@ func encodeResponses(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 				items, content = append(items, responsesItem{Type: "message", Role: role, Content: must(json.Marshal(content))}), nil
 			}
 			if p.Type == partToolCall { // named in its namespace as the caller declared it
-				it := responsesItem{Type: responsesCallTypes[p.Custom], CallID: p.ToolCallID, Name: p.ToolName}
-				if t := req.findTool(p.ToolName); t != nil {
-					it.Namespace, it.Name = t.Namespace, t.memberName()
-				}
+				t := valueOr(req.findTool(p.ToolName), tool{Name: p.ToolName})
+				it := responsesItem{Type: responsesCallTypes[p.Custom], CallID: p.ToolCallID, Namespace: t.Namespace, Name: t.memberName()}
 				it.fill(map[bool]string{false: argumentsText(p.Arguments), true: p.Arguments}[p.Custom]) // a custom tool's input as is
 				items = append(items, it)
 			} else if p.Type == partToolResult { // its text, or parts with its images and documents
@@ -258,10 +252,8 @@ var responsesCallTypes = map[bool]string{false: "function_call", true: "custom_t
 
 // call is a call item as a neutral tool_call part, its name flattened.
 func (it *responsesItem) call() (part, bool) {
-	tc := part{Type: partToolCall, ToolCallID: it.CallID, ToolName: it.Name, Custom: it.Type == "custom_tool_call"}
-	if it.Namespace != "" {
-		tc.ToolName = it.Namespace + "__" + it.Name
-	}
+	tc := part{Type: partToolCall, ToolCallID: it.CallID, ToolName: strings.TrimPrefix(it.Namespace+"__"+it.Name, "__"),
+		Custom: it.Type == "custom_tool_call"}
 	tc.Arguments = map[bool]string{false: argumentsText(valueOr(it.Arguments, "")), true: valueOr(it.Input, "")}[tc.Custom]
 	return tc, tc.Custom || it.Type == "function_call"
 }
@@ -296,8 +288,11 @@ func responsesContent(ps []part, assistant bool) []responsesPart {
 	return out
 }
 
-// responsesFinishes maps incomplete_details.reason to finishes, both ways.
-var responsesFinishes = map[string]string{"max_output_tokens": finishLength, "content_filter": finishContentFilter}
+// responsesFinishes maps incomplete_details.reason to finishes, responsesIncomplete back.
+var (
+	responsesFinishes   = map[string]string{"max_output_tokens": finishLength, "content_filter": finishContentFilter}
+	responsesIncomplete = map[string]string{finishLength: "max_output_tokens", finishContentFilter: "content_filter"}
+)
 
 // responsesEvents names each item type's delta and done events.
 var responsesEvents = map[string][2]string{"message": {"response.output_text.delta", "response.output_text.done"},
@@ -333,18 +328,13 @@ func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string
 		it := s.resp.Output[b.pos]
 		it.Status = "completed"
 		it.fill(d)
-		done := responsesEvent{Type: responsesEvents[it.Type][1], Arguments: it.Arguments, Input: it.Input}
-		if b.text {
-			done.Text = &d
-		}
+		done := responsesEvent{Type: responsesEvents[it.Type][1], Text: ifSet(&d, b.text), Arguments: it.Arguments, Input: it.Input}
 		return s.emit(b, done, responsesEvent{Type: "response.content_part.done", Part: ptrTo(outputText(d))},
 			responsesEvent{Type: "response.output_item.done", Item: it})
 	case stepEnd: // "incomplete" with a reason as OpenAI reports it (SPEC §7.5): SDK stream helpers wait for this event
 		s.resp.Status = "completed"
-		for reason, finish := range responsesFinishes {
-			if finish == s.rd.finish {
-				s.resp.Status, s.resp.IncompleteDetails = "incomplete", map[string]string{"reason": reason}
-			}
+		if reason := responsesIncomplete[s.rd.finish]; reason != "" {
+			s.resp.Status, s.resp.IncompleteDetails = "incomplete", map[string]string{"reason": reason}
 		}
 		if u := s.rd.usage; u.Reported { // else null; the details always go: strict clients require them, Brama counts neither
 			s.resp.Usage = map[string]any{"input_tokens": u.InputTokens, "input_tokens_details": map[string]int{"cached_tokens": 0},
@@ -381,8 +371,6 @@ func (s *callerStream) emit(b *streamBlock, evs ...responsesEvent) (err error) {
 func outputText(text string) responsesPart {
 	return responsesPart{Type: "output_text", Text: &text, Annotations: json.RawMessage("[]")}
 }
-
-// The responses part of the one stream reader (relay.go's streamReader).
 
 // readResponses: response.completed (or .incomplete) ends, with usage; an output item's start, deltas and end are
 // keyed by output_index, and a buffered codex caller keeps each ended item as sent.
@@ -493,12 +481,22 @@ func (r *streamReader) item(it *upstreamCall, item *responsesItem, done bool) er
 	case isCall:
 		return r.out.args(it.tool, tc.Arguments)
 	}
-	text, _ := jsonString(item.Content) // a message item's text: a string, or its text and refusal parts
-	var parts []responsesPart
-	json.Unmarshal(item.Content, &parts)
-	for _, p := range parts { // a text part has no refusal, a refusal part no text
-		text += valueOr(p.Text, "") + p.Refusal
-		r.refusal = r.refusal || p.Type == "refusal"
-	}
+	text, refused, _ := contentText(item.Content)
+	r.refusal = r.refusal || refused
 	return r.out.text(text)
+}
+
+// contentText is an answer's content as text: a string, or its parts' text and refusals (a text part has no
+// refusal, a refusal part no text); refused: a refusal part came.
+func contentText(raw json.RawMessage) (text string, refused bool, err error) {
+	if rawIsNull(raw) || json.Unmarshal(raw, &text) == nil {
+		return text, false, nil
+	}
+	var parts []responsesPart
+	err = json.Unmarshal(raw, &parts)
+	for _, p := range parts {
+		text += valueOr(p.Text, "") + p.Refusal
+		refused = refused || p.Type == "refusal"
+	}
+	return text, refused, err
 }
