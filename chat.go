@@ -393,7 +393,7 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 	case step == stepEnd:
 		finish, n := ptrTo(cmp.Or(s.rd.finish, finishStop)), s.rd.usage
 		u := ifSet(&chatUsage{n.InputTokens, n.OutputTokens, n.InputTokens + n.OutputTokens}, n.Reported) // left out, not zeros, when unreported
-		if s.flush == nil { // a buffered answer: content null beside only tool calls, as OpenAI sends it
+		if s.flush == nil {                                                                               // a buffered answer: content null beside only tool calls, as OpenAI sends it
 			text, m := "", chatMessage{Role: "assistant"}
 			for _, b := range s.blocks {
 				if b.text {
