@@ -10,9 +10,8 @@ import (
 	"time"
 )
 
-// OpenAI Chat Completions (caller POST /v1/chat/completions, provider {base}/chat/completions), both directions, buffered
-// and streamed. Its wire shapes serve the caller's body and the provider's; a tool is declared in the shape a call is
-// made: its type, then under it the members of Responses' flat tool (tool).
+// OpenAI Chat Completions (caller POST /v1/chat/completions, provider {base}/chat/completions), both directions, buffered and
+// streamed; the wire shapes serve both. A tool is declared as a call is made: its type, under it Responses' flat tool's members.
 type (
 	chatRequestBody struct {
 		callerHead
@@ -220,19 +219,16 @@ func (req *chatRequest) setOpenAIToolChoice(raw json.RawMessage, nested bool) er
 	switch {
 	case rawIsNull(raw):
 		return nil
-	case json.Unmarshal(raw, &tc.Type) == nil: // a mode
-		if !slices.Contains([]string{toolChoiceAuto, toolChoiceNone, toolChoiceRequired}, tc.Type) {
-			return refuse("invalid_request", "tool_choice must be \"auto\", \"none\", \"required\" or a tool")
-		}
+	case json.Unmarshal(raw, &tc.Type) == nil && !slices.Contains([]string{toolChoiceAuto, toolChoiceNone, toolChoiceRequired}, tc.Type):
+		return refuse("invalid_request", "tool_choice must be \"auto\", \"none\", \"required\" or a tool")
+	case tc.Type != "": // a mode
 		req.ToolChoice = &toolChoice{Mode: tc.Type}
 		return nil
 	}
 	if err := decodeCallerJSON(raw, &tc, "tool_choice"); err != nil { // an object, or a type error naming tool_choice
 		return err
 	}
-	if nested {
-		tc.Name = tc.Function.Name + tc.Custom.Name
-	}
+	tc.Name = map[bool]string{false: tc.Name, true: tc.Function.Name + tc.Custom.Name}[nested]
 	switch {
 	case tc.Type != toolFunction && tc.Type != toolCustom:
 		req.drop(true, "tool_choice")
@@ -267,13 +263,8 @@ func encodeChat(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 	if c.res.Provider.id == "openai" { // its reasoning models take only this, as a passthrough call sends
 		out.MaxTokens, out.MaxCompletionTokens = nil, out.MaxTokens
 	}
-	if req.Stream {
-		out.StreamOptions = json.RawMessage(`{"include_usage":true}`)
-	}
-	msgs := []chatMessage{}
-	if req.System != "" {
-		msgs = append(msgs, chatMessage{Role: "system", Content: jsonText(req.System)})
-	}
+	out.StreamOptions = map[bool]json.RawMessage{true: json.RawMessage(`{"include_usage":true}`)}[req.Stream]
+	msgs := map[bool][]chatMessage{false: {}, true: {{Role: "system", Content: jsonText(req.System)}}}[req.System != ""]
 	for _, m := range req.Messages {
 		msg := chatMessage{Role: m.Role, Content: json.RawMessage("null")}
 		var parts []chatPart
@@ -309,8 +300,7 @@ func encodeChat(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 	for _, t := range req.Tools {
 		f := &chatFunction{tool: t}
 		f.Type = ""
-		nested := map[bool]chatToolCall{false: {Type: t.Type, Function: f}, true: {Type: t.Type, Custom: f}}
-		tools = append(tools, nested[t.Type == toolCustom])
+		tools = append(tools, map[bool]chatToolCall{false: {Type: t.Type, Function: f}, true: {Type: t.Type, Custom: f}}[t.Type == toolCustom])
 	}
 	out.Tools = jsonArray(tools)
 	if f := req.Output; f != nil {
@@ -361,8 +351,8 @@ func decodeChat(body []byte, rd *streamReader) error {
 		return malformedAnswer(protoOpenAIChat, err)
 	}
 	m := r.Choices[0].Message
-	rd.finish = map[bool]string{false: finishStop, true: finishToolCalls}[len(m.ToolCalls) > 0]
-	rd.finish = cmp.Or(chatFinishes[cmp.Or(valueOr(r.Choices[0].FinishReason, ""), rd.finish)], finishStop)
+	calls := map[bool]string{false: finishStop, true: finishToolCalls}[len(m.ToolCalls) > 0]
+	rd.finish = cmp.Or(chatFinishes[cmp.Or(valueOr(r.Choices[0].FinishReason, ""), calls)], finishStop)
 	if u := r.Usage; u != nil {
 		rd.usage = usage{u.PromptTokens, u.CompletionTokens, true}
 	}
@@ -391,9 +381,9 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 	case step == stepFail: // the envelope of SPEC §8.1 as a final data frame
 		return s.frame("", s.failure.body())
 	case step == stepEnd:
-		finish, n := ptrTo(cmp.Or(s.rd.finish, finishStop)), s.rd.usage
-		u := ifSet(&chatUsage{n.InputTokens, n.OutputTokens, n.InputTokens + n.OutputTokens}, n.Reported) // left out, not zeros, when unreported
-		if s.flush == nil {                                                                               // a buffered answer: content null beside only tool calls, as OpenAI sends it
+		finish, n := ptrTo(cmp.Or(s.rd.finish, finishStop)), s.rd.usage // usage left out, not zeros, when unreported
+		u := ifSet(&chatUsage{n.InputTokens, n.OutputTokens, n.InputTokens + n.OutputTokens}, n.Reported)
+		if s.flush == nil { // a buffered answer: content null beside only tool calls, as OpenAI sends it
 			text, m := "", chatMessage{Role: "assistant"}
 			for _, b := range s.blocks {
 				if b.text {

@@ -114,15 +114,12 @@ func parseResponses(cr *callerRequest) (chatRequest, error) {
 	return req.finishParse(err, "input must hold at least one user, assistant or tool item")
 }
 
-// carriedItems are the input item types Brama carries, whose unknown members it names.
-var carriedItems = map[string]bool{"message": true, "function_call": true, "custom_tool_call": true,
-	"function_call_output": true, "custom_tool_call_output": true, "additional_tools": true}
-
 // addResponsesItem adds one input item. Reasoning and hosted tool calls are dropped and named, and so is a reference
 // to an earlier answer's text or reasoning (the Vercel AI SDK's store: true sends one); any other reference is
-// refused: Brama keeps no responses.
+// refused: Brama keeps no responses. The unknown members of an item it carries are named.
 func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, what string) error {
-	if carriedItems[cmp.Or(it.Type, "message")] {
+	switch it.Type {
+	case "", "message", "function_call", "custom_tool_call", "function_call_output", "custom_tool_call_output", "additional_tools":
 		req.dropUnknown(raw, "type id status role content call_id namespace name arguments input output tools")
 	}
 	switch it.Type {
@@ -131,8 +128,7 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 			return req.addSystemOf(it.Content, what+".content", "input_text")
 		}
 		if it.Role != "user" && it.Role != "assistant" {
-			return refuse("invalid_request", "%s.role %s is not one of user, assistant, system, developer", what,
-				quoteCallerToken(it.Role))
+			return refuse("invalid_request", "%s.role %s is not one of user, assistant, system, developer", what, quoteCallerToken(it.Role))
 		}
 		parts, err := req.responsesParts(it.Content, what+".content")
 		if err == nil && len(parts) == 0 && it.Role == "user" {
@@ -181,8 +177,7 @@ func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part
 		case rp.Type == "input_image" && rp.ImageURL != nil:
 			p, err = part{Type: partImage, ImageURL: *rp.ImageURL, Detail: rp.Detail}, checkCallerURL(*rp.ImageURL, at+".image_url")
 		case rp.Type == "input_file" && rp.FileData+rp.FileURL != "":
-			p = part{Type: partDocument, FileURL: rp.FileData + rp.FileURL, Filename: rp.Filename}
-			err = checkCallerURL(p.FileURL, at)
+			p, err = part{Type: partDocument, FileURL: rp.FileData + rp.FileURL, Filename: rp.Filename}, checkCallerURL(rp.FileData+rp.FileURL, at)
 		default:
 			return p, nil
 		}
@@ -208,8 +203,8 @@ func encodeResponses(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 		req.drop(req.TopP != nil, "top_p")
 		req.drop(true, openAIShared{Metadata: out.Metadata, SafetyIdentifier: out.SafetyIdentifier, User: out.User}.names()...)
 		out.callerHead, out.MaxOutputTokens = callerHead{Model: c.res.Model, Stream: req.Stream}, 0
-		out.Store, out.Instructions = json.RawMessage("false"), cmp.Or(req.System, codexDefaultInstructions)
-		out.Metadata, out.SafetyIdentifier, out.User = nil, nil, nil
+		out.Instructions, out.openAIShared = cmp.Or(req.System, codexDefaultInstructions),
+			openAIShared{Store: json.RawMessage("false"), ServiceTier: out.ServiceTier, PromptCacheKey: out.PromptCacheKey}
 	}
 	items := []responsesItem{}
 	for _, m := range req.Messages {
@@ -311,8 +306,7 @@ func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string
 	case stepOpen:
 		it := &responsesItem{Type: "message", ID: "msg_", Role: "assistant", Content: json.RawMessage("[]")} // ID: its prefix
 		if !b.text {
-			it = &responsesItem{Type: responsesCallTypes[b.custom], ID: "fc_", CallID: answerIDOr(b.id, "call_"),
-				Namespace: b.namespace, Name: b.name}
+			it = &responsesItem{Type: responsesCallTypes[b.custom], ID: "fc_", CallID: answerIDOr(b.id, "call_"), Namespace: b.namespace, Name: b.name}
 			it.fill("")
 		}
 		it.ID, it.Status, s.resp.Output = newAnswerID(it.ID), "in_progress", append(s.resp.Output, it)
@@ -405,24 +399,24 @@ func (r *streamReader) readResponses(typ string, e rawObject) (keep, end bool, e
 			Delta       string          `json:"delta"`
 		}
 		var item responsesItem
-		isItem := strings.HasPrefix(typ, "response.output_item.")
+		isItem, done := strings.HasPrefix(typ, "response.output_item."), typ == "response.output_item.done"
 		if json.Unmarshal(e.src, &ev) != nil ||
 			isItem && (rawShape(ev.Item) != '{' || r.out != nil && json.Unmarshal(ev.Item, &item) != nil) {
 			return false, false, eventWithout(protoOpenAIResponses, typ, "an index and an item")
 		}
-		if r.out == nil {
+		it := r.calls[ev.OutputIndex]
+		switch {
+		case r.out == nil:
 			r.raw[ev.OutputIndex] = ev.Item // decoding copied it out of the reader's buffer
-			break
-		}
-		it, seen := r.calls[ev.OutputIndex]
-		if !seen {
+			return true, false, nil
+		case it == nil:
 			it = &upstreamCall{tool: -1}
 			r.calls[ev.OutputIndex] = it
 		}
 		r.refusal = r.refusal || typ == "response.refusal.delta"
 		switch {
 		case isItem:
-			err = r.item(it, &item, typ == "response.output_item.done")
+			err = r.item(it, &item, done)
 		case typ == "response.output_text.delta" || typ == "response.refusal.delta":
 			err = r.out.text(ev.Delta)
 		case it.tool < 0:
@@ -430,7 +424,7 @@ func (r *streamReader) readResponses(typ string, e rawObject) (keep, end bool, e
 		default:
 			err = r.out.args(it.tool, ev.Delta)
 		}
-		it.streamed = it.streamed || ev.Delta != "" || typ == "response.output_item.done" // a done item gives nothing again
+		it.streamed = it.streamed || ev.Delta != "" || done // a done item gives nothing again
 	}
 	return err == nil, false, err
 }
@@ -457,8 +451,7 @@ func decodeResponses(body []byte, r *streamReader) error {
 			}
 		}
 	}
-	r.finish = map[bool]string{false: finishStop, true: finishToolCalls}[r.ncalls > 0]
-	r.finish = cmp.Or(responsesFinishes[resp.IncompleteDetails.Reason], r.finish)
+	r.finish = cmp.Or(responsesFinishes[resp.IncompleteDetails.Reason], map[bool]string{false: finishStop, true: finishToolCalls}[r.ncalls > 0])
 	return r.ended()
 }
 
