@@ -105,7 +105,7 @@ func parseChatCompletions(cr *callerRequest) (chatRequest, error) {
 	b.ResponseFormat.JSONSchema.Type = b.ResponseFormat.Type // "" when none
 	err = cmp.Or(err, readList(b.Messages, "messages", req.addChatMessage),
 		readList(b.Tools, "tools", func(t chatToolCall, raw json.RawMessage, what string) error { // as Responses' flat tool
-			flat := t.nested(t.Type == toolCustom).tool
+			flat := valueOr(map[string]*chatFunction{toolFunction: t.Function, toolCustom: t.Custom}[t.Type], chatFunction{}).tool
 			if flat.Type = t.Type; t.Type == toolFunction || t.Type == toolCustom {
 				req.dropUnknown(raw, "type "+t.Type)
 				req.dropUnknown(rawMember(raw, t.Type), chatNested[t.Type])
@@ -323,15 +323,10 @@ func chatCall(index *int, id, name, args string, custom bool) chatToolCall {
 	return tc
 }
 
-// nested is what tc nests under its type: a custom call's or tool's custom member, else its function.
-func (tc chatToolCall) nested(custom bool) chatFunction {
-	return valueOr(map[bool]*chatFunction{false: tc.Function, true: tc.Custom}[custom], chatFunction{})
-}
-
 // call is tc as a neutral tool_call part: a custom call read from its custom member, else a function call from its
 // function; ok is false when that member, its id or name, a custom call's input, or a known type is missing.
 func (tc chatToolCall) call(custom bool) (part, bool) {
-	f := tc.nested(custom)
+	f := valueOr(map[bool]*chatFunction{false: tc.Function, true: tc.Custom}[custom], chatFunction{})
 	in := map[bool]*string{false: f.Arguments, true: f.Input}[custom]
 	c := part{Type: partToolCall, ToolCallID: tc.ID, ToolName: f.Name, Arguments: valueOr(in, ""), Custom: custom}
 	return c, c.ToolCallID != "" && c.ToolName != "" && (!custom || in != nil) &&
@@ -459,13 +454,19 @@ func (r *streamReader) readChat(event string, e rawObject) (keep bool, err error
 }
 
 // delta gives the caller stream a chat delta's (or an answer's) text, a refusal's too, and tool call pieces. Content is
-// a string, or parts whose text counts, as some compatible providers send it; calls after the first are held to the end.
+// a string, or parts as some compatible providers send it; calls after the first are held to the end.
 func (r *streamReader) delta(d *chatMessage) error {
-	t, refused, err := contentText(d.Content)
-	if err != nil {
-		return malformedAnswer(protoOpenAIChat, err)
+	var t string
+	if !rawIsNull(d.Content) && json.Unmarshal(d.Content, &t) != nil {
+		var parts []responsesPart // its text and refusal parts carry text
+		if err := json.Unmarshal(d.Content, &parts); err != nil {
+			return malformedAnswer(protoOpenAIChat, err)
+		}
+		for _, p := range parts {
+			t, r.refusal = t+valueOr(p.Text, "")+p.Refusal, r.refusal || p.Type == "refusal"
+		}
 	}
-	t, r.refusal = t+d.Refusal, r.refusal || refused || d.Refusal != "" // a refusal's text, and the finish content_filter
+	t, r.refusal = t+d.Refusal, r.refusal || d.Refusal != "" // a refusal's text, and the finish content_filter
 	if err := r.out.text(t); err != nil {
 		return err
 	}

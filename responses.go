@@ -208,11 +208,9 @@ func encodeResponses(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 	}
 	items := []responsesItem{}
 	for _, m := range req.Messages {
-		// codex's backend refuses system items: "developer", as the Codex CLI sends
-		role := map[bool]string{false: m.Role, true: "developer"}[m.Role == "system" && codex]
+		role := map[bool]string{false: m.Role, true: "developer"}[m.Role == "system" && codex] // codex refuses system items, as the Codex CLI knows
 		var content []responsesPart
-		for i, p := range m.Parts {
-			// a call or a result has no content; the content before it (or at the end) is one message item
+		for i, p := range m.Parts { // a call or a result has no content; the content before it (or at the end) is one message item
 			content = append(content, responsesContent([]part{p}, m.Role == "assistant")...)
 			if len(content) > 0 && (p.Type == partToolCall || p.Type == partToolResult || i == len(m.Parts)-1) {
 				items, content = append(items, responsesItem{Type: "message", Role: role, Content: must(json.Marshal(content))}), nil
@@ -283,11 +281,8 @@ func responsesContent(ps []part, assistant bool) []responsesPart {
 	return out
 }
 
-// responsesFinishes maps incomplete_details.reason to finishes, responsesIncomplete back.
-var (
-	responsesFinishes   = map[string]string{"max_output_tokens": finishLength, "content_filter": finishContentFilter}
-	responsesIncomplete = map[string]string{finishLength: "max_output_tokens", finishContentFilter: "content_filter"}
-)
+// responsesFinishes maps incomplete_details.reason to finishes (responsesFrames the other way).
+var responsesFinishes = map[string]string{"max_output_tokens": finishLength, "content_filter": finishContentFilter}
 
 // responsesEvents names each item type's delta and done events.
 var responsesEvents = map[string][2]string{"message": {"response.output_text.delta", "response.output_text.done"},
@@ -327,7 +322,7 @@ func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string
 			responsesEvent{Type: "response.output_item.done", Item: it})
 	case stepEnd: // "incomplete" with a reason as OpenAI reports it (SPEC §7.5): SDK stream helpers wait for this event
 		s.resp.Status = "completed"
-		if reason := responsesIncomplete[s.rd.finish]; reason != "" {
+		if reason := map[string]string{finishLength: "max_output_tokens", finishContentFilter: "content_filter"}[s.rd.finish]; reason != "" {
 			s.resp.Status, s.resp.IncompleteDetails = "incomplete", map[string]string{"reason": reason}
 		}
 		if u := s.rd.usage; u.Reported { // else null; the details always go: strict clients require them, Brama counts neither
@@ -474,22 +469,11 @@ func (r *streamReader) item(it *upstreamCall, item *responsesItem, done bool) er
 	case isCall:
 		return r.out.args(it.tool, tc.Arguments)
 	}
-	text, refused, _ := contentText(item.Content)
-	r.refusal = r.refusal || refused
-	return r.out.text(text)
-}
-
-// contentText is an answer's content as text: a string, or its parts' text and refusals (a text part has no
-// refusal, a refusal part no text); refused: a refusal part came.
-func contentText(raw json.RawMessage) (text string, refused bool, err error) {
-	if rawIsNull(raw) || json.Unmarshal(raw, &text) == nil {
-		return text, false, nil
-	}
+	text, _ := jsonString(item.Content) // a message item's text: a string, or its text and refusal parts
 	var parts []responsesPart
-	err = json.Unmarshal(raw, &parts)
-	for _, p := range parts {
-		text += valueOr(p.Text, "") + p.Refusal
-		refused = refused || p.Type == "refusal"
+	json.Unmarshal(item.Content, &parts)
+	for _, p := range parts { // a text part has no refusal, a refusal part no text
+		text, r.refusal = text+valueOr(p.Text, "")+p.Refusal, r.refusal || p.Type == "refusal"
 	}
-	return text, refused, err
+	return r.out.text(text)
 }
