@@ -96,9 +96,7 @@ func parseChatCompletions(cr *callerRequest) (chatRequest, error) {
 	var b chatRequestBody
 	req, err := newCallerRequest(cr, &b, &b.callerHead, chatKnown)
 	req.Shared, req.ParallelToolCalls, req.Verbosity = b.openAIShared, b.ParallelToolCalls, b.Verbosity
-	if req.Effort = b.ReasoningEffort; req.Effort != "" {
-		req.EffortName = "reasoning_effort"
-	}
+	req.Effort, req.EffortName = b.ReasoningEffort, map[bool]string{true: "reasoning_effort"}[b.ReasoningEffort != ""]
 	if rawShape(b.Stop) == '"' { // one sequence, or an array of them
 		b.Stop = slices.Concat([]byte("["), b.Stop, []byte("]"))
 	}
@@ -180,8 +178,7 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 	return err
 }
 
-// addOpenAITool adds a function, custom or namespace tool (raw: its members); any other
-// (a hosted tool: web_search, …) is dropped and named.
+// addOpenAITool adds a function, custom or namespace tool (raw: its members); another (a hosted tool) is dropped and named.
 func (req *chatRequest) addOpenAITool(t tool, raw json.RawMessage, what string) error {
 	if t.Name == "" && slices.Contains([]string{toolFunction, toolCustom, "namespace"}, t.Type) {
 		return refuse("invalid_request", "%s needs a name", what)
@@ -310,8 +307,7 @@ func encodeChat(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 	return json.Marshal(out)
 }
 
-// chatCall is a call as Chat Completions writes it: a custom one's input, a function's arguments ("{}" for none but in
-// a stream's call, which carries its index).
+// chatCall is a call as Chat Completions writes it: a function's arguments are "{}" for none but in a stream's indexed call.
 func chatCall(index *int, id, name, args string, custom bool) chatToolCall {
 	if !custom && index == nil {
 		args = argumentsText(args)

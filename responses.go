@@ -95,11 +95,8 @@ func parseResponses(cr *callerRequest) (chatRequest, error) {
 	}
 	req.dropUnknown(rawMember(cr.body.src, "reasoning"), "effort")
 	req.dropUnknown(rawMember(cr.body.src, "text"), "format verbosity")
-	req.Shared, req.ParallelToolCalls = b.openAIShared, b.ParallelToolCalls
-	req.System, req.Verbosity = b.Instructions, b.Text.Verbosity
-	if b.Reasoning.Effort != "" {
-		req.Effort, req.EffortName = b.Reasoning.Effort, "effort"
-	}
+	req.Shared, req.ParallelToolCalls, req.System, req.Verbosity = b.openAIShared, b.ParallelToolCalls, b.Instructions, b.Text.Verbosity
+	req.Effort, req.EffortName = b.Reasoning.Effort, map[bool]string{true: "effort"}[b.Reasoning.Effort != ""]
 	switch {
 	case err != nil: // the first refusal wins
 	case string(b.Input) == `""`:
@@ -114,9 +111,9 @@ func parseResponses(cr *callerRequest) (chatRequest, error) {
 	return req.finishParse(err, "input must hold at least one user, assistant or tool item")
 }
 
-// addResponsesItem adds one input item. Reasoning and hosted tool calls are dropped and named, and so is a reference
-// to an earlier answer's text or reasoning (the Vercel AI SDK's store: true sends one); any other reference is
-// refused: Brama keeps no responses. The unknown members of an item it carries are named.
+// addResponsesItem adds one input item, naming a carried item's unknown members. Reasoning and hosted tool calls are dropped
+// and named, and so is a reference to an earlier answer's text or reasoning (the Vercel AI SDK's store: true sends one);
+// any other reference is refused: Brama keeps no responses.
 func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, what string) error {
 	switch it.Type {
 	case "", "message", "function_call", "custom_tool_call", "function_call_output", "custom_tool_call_output", "additional_tools":
@@ -289,8 +286,7 @@ var responsesEvents = map[string][2]string{"message": {"response.output_text.del
 	"function_call":    {"response.function_call_arguments.delta", "response.function_call_arguments.done"},
 	"custom_tool_call": {"response.custom_tool_call_input.delta", "response.custom_tool_call_input.done"}}
 
-// responsesFrames writes Responses events, one output item at a time, and keeps the whole response for
-// response.completed (and the buffered answer).
+// responsesFrames writes Responses events, one output item at a time, keeping the response whole for response.completed.
 func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string) error {
 	switch step {
 	case stepBegin:
