@@ -328,8 +328,7 @@ func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string
 		}
 		return s.emit(nil, responsesEvent{Type: "response.completed", Response: &s.resp})
 	}
-	e := s.failure.body().Error // stepFail
-	s.resp.Status, s.resp.Error = "failed", map[string]string{"code": e.Code, "message": e.Message}
+	s.resp.Status, s.resp.Error = "failed", map[string]string{"code": s.failure.Code, "message": s.failure.Message} // stepFail
 	return s.emit(nil, responsesEvent{Type: "response.failed", Response: &s.resp})
 }
 
