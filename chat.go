@@ -10,9 +10,8 @@ import (
 	"time"
 )
 
-// OpenAI Chat Completions (caller POST /v1/chat/completions, provider {base}/chat/completions), both directions, buffered
-// and streamed. Its wire shapes serve the caller's body and the provider's; a tool is declared in the shape a call is
-// made: its type, then under it the members of Responses' flat tool (tool).
+// OpenAI Chat Completions (caller POST /v1/chat/completions, provider {base}/chat/completions), both directions, buffered and
+// streamed; the wire shapes serve both. A tool is declared as a call is made: its type, under it Responses' flat tool's members.
 type (
 	chatRequestBody struct {
 		callerHead
@@ -65,12 +64,12 @@ type (
 		JSONSchema outputFormat `json:"json_schema,omitzero"`
 	}
 	chatCompletion struct { // the answer, and each chunk of a stream
-		ID      string          `json:"id,omitempty"`
-		Object  string          `json:"object,omitempty"`
-		Created int64           `json:"created,omitempty"`
-		Model   string          `json:"model,omitempty"`
-		Choices []chatChoice    `json:"choices"`
-		Usage   json.RawMessage `json:"usage,omitempty"` // a chatUsage
+		ID      string       `json:"id,omitempty"`
+		Object  string       `json:"object,omitempty"`
+		Created int64        `json:"created,omitempty"`
+		Model   string       `json:"model,omitempty"`
+		Choices []chatChoice `json:"choices"`
+		Usage   *chatUsage   `json:"usage,omitempty"`
 	}
 	chatChoice struct {
 		Index        int          `json:"index"`
@@ -97,24 +96,21 @@ func parseChatCompletions(cr *callerRequest) (chatRequest, error) {
 	var b chatRequestBody
 	req, err := newCallerRequest(cr, &b, &b.callerHead, chatKnown)
 	req.Shared, req.ParallelToolCalls, req.Verbosity = b.openAIShared, b.ParallelToolCalls, b.Verbosity
-	if req.Effort = b.ReasoningEffort; req.Effort != "" {
-		req.EffortName = "reasoning_effort"
-	}
+	req.Effort, req.EffortName = b.ReasoningEffort, map[bool]string{true: "reasoning_effort"}[b.ReasoningEffort != ""]
 	if rawShape(b.Stop) == '"' { // one sequence, or an array of them
 		b.Stop = slices.Concat([]byte("["), b.Stop, []byte("]"))
 	}
 	b.ResponseFormat.JSONSchema.Type = b.ResponseFormat.Type // "" when none
 	err = cmp.Or(err, readList(b.Messages, "messages", req.addChatMessage),
 		readList(b.Tools, "tools", func(t chatToolCall, raw json.RawMessage, what string) error { // as Responses' flat tool
-			if t.Type != toolFunction && t.Type != toolCustom { // another type is dropped and named
-				req.drop(true, cmp.Or(t.Type, "tools"))
-				return nil
-			}
-			req.dropUnknown(raw, "type "+t.Type)
-			req.dropUnknown(rawMember(raw, t.Type), chatNested[t.Type])
 			flat := valueOr(map[string]*chatFunction{toolFunction: t.Function, toolCustom: t.Custom}[t.Type], chatFunction{}).tool
-			flat.Type = t.Type
-			return req.addOpenAITool(flat, nil, what)
+			if flat.Type = t.Type; t.Type == toolFunction || t.Type == toolCustom {
+				req.dropUnknown(raw, "type "+t.Type)
+				req.dropUnknown(rawMember(raw, t.Type), chatNested[t.Type])
+				return req.addOpenAITool(flat, nil, what)
+			}
+			req.drop(true, cmp.Or(t.Type, "tools")) // another type is dropped and named
+			return nil
 		}),
 		req.setOpenAIToolChoice(b.ToolChoice, true),
 		readList(b.Stop, "stop", func(stop string, _ json.RawMessage, _ string) error { // [] asks for nothing
@@ -139,34 +135,32 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 		text, err := req.callerTextOf(m.Content, what+".content", "text", "\n")
 		req.Messages = appendPart(req.Messages, "user", part{Type: partToolResult, ToolCallID: m.ToolCallID, Text: text})
 		return err
-	case "user", "assistant":
+	case "assistant":
+		if rawIsNull(m.Content) { // beside tool calls
+			m.Content = json.RawMessage("[]")
+		}
+	case "user":
 	default:
 		return refuse("invalid_request", "%s.role %s is not system, developer, user, assistant or tool", what, quoteCallerToken(m.Role))
 	}
-	var parts []part
-	var err error
-	if m.Role == "user" || !rawIsNull(m.Content) {
-		parts, err = callerParts(req, m.Content, what+".content", "content parts",
-			func(cp chatPart, raw json.RawMessage, path string) (p part, err error) {
-				switch img, doc := valueOr(cp.ImageURL, chatURL{}), valueOr(cp.File, chatURL{}); {
-				case cp.Type == "text" && cp.Text == nil:
-					return p, refuse("invalid_request", "%s.text is required", path)
-				case cp.Type == "text":
-					p = part{Type: partText, Text: *cp.Text}
-				case cp.Type == "image_url":
-					p = part{Type: partImage, ImageURL: img.URL, Detail: img.Detail}
-					err = checkCallerURL(p.ImageURL, path+".image_url.url")
-				case cp.Type == "file" && doc.FileData != "":
-					p = part{Type: partDocument, FileURL: doc.FileData, Filename: doc.Filename}
-					err = checkCallerURL(p.FileURL, path+".file.file_data")
-				default: // a part Brama does not carry
-					return p, nil
-				}
-				req.dropUnknown(raw, "type "+cp.Type) // then the members of its object not in chatNested
-				req.dropUnknown(rawMember(raw, cp.Type), chatNested[cp.Type])
-				return p, err
-			})
-	}
+	parts, err := callerParts(req, m.Content, what+".content", "content parts",
+		func(cp chatPart, raw json.RawMessage, path string) (p part, err error) {
+			switch img, doc := valueOr(cp.ImageURL, chatURL{}), valueOr(cp.File, chatURL{}); {
+			case cp.Type == "text" && cp.Text == nil:
+				return p, refuse("invalid_request", "%s.text is required", path)
+			case cp.Type == "text":
+				p = part{Type: partText, Text: *cp.Text}
+			case cp.Type == "image_url":
+				p, err = part{Type: partImage, ImageURL: img.URL, Detail: img.Detail}, checkCallerURL(img.URL, path+".image_url.url")
+			case cp.Type == "file" && doc.FileData != "":
+				p, err = part{Type: partDocument, FileURL: doc.FileData, Filename: doc.Filename}, checkCallerURL(doc.FileData, path+".file.file_data")
+			default: // a part Brama does not carry
+				return p, nil
+			}
+			req.dropUnknown(raw, "type "+cp.Type) // then the members of its object not in chatNested
+			req.dropUnknown(rawMember(raw, cp.Type), chatNested[cp.Type])
+			return p, err
+		})
 	parts = slices.DeleteFunc(parts, func(p part) bool { return p.Type == partText && p.Text == "" && len(m.ToolCalls) > 0 })
 	for i, tc := range m.ToolCalls { // an assistant's only, as tool_use is in messages
 		c, ok := tc.call(tc.Type == toolCustom) // a custom call reads no function, nor a function call custom
@@ -184,8 +178,7 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 	return err
 }
 
-// addOpenAITool adds a function, custom or namespace tool (raw: its members); any other
-// (a hosted tool: web_search, …) is dropped and named.
+// addOpenAITool adds a function, custom or namespace tool (raw: its members); another (a hosted tool) is dropped and named.
 func (req *chatRequest) addOpenAITool(t tool, raw json.RawMessage, what string) error {
 	if t.Name == "" && slices.Contains([]string{toolFunction, toolCustom, "namespace"}, t.Type) {
 		return refuse("invalid_request", "%s needs a name", what)
@@ -220,23 +213,19 @@ func (req *chatRequest) setOpenAIToolChoice(raw json.RawMessage, nested bool) er
 		Type, Name, Namespace string
 		Function, Custom      struct{ Name string }
 	}
-	switch rawShape(raw) {
-	case 0, 'n': // absent, or null
+	switch {
+	case rawIsNull(raw):
 		return nil
-	case '"':
-		if json.Unmarshal(raw, &tc.Type); !slices.Contains([]string{toolChoiceAuto, toolChoiceNone, toolChoiceRequired}, tc.Type) {
-			return refuse("invalid_request", "tool_choice must be \"auto\", \"none\", \"required\" or a tool")
-		}
+	case json.Unmarshal(raw, &tc.Type) == nil && !slices.Contains([]string{toolChoiceAuto, toolChoiceNone, toolChoiceRequired}, tc.Type):
+		return refuse("invalid_request", "tool_choice must be \"auto\", \"none\", \"required\" or a tool")
+	case tc.Type != "": // a mode
 		req.ToolChoice = &toolChoice{Mode: tc.Type}
 		return nil
-	default: // an object, or a type error naming tool_choice
-		if err := decodeCallerJSON(raw, &tc, "tool_choice"); err != nil {
-			return err
-		}
 	}
-	if nested {
-		tc.Name = tc.Function.Name + tc.Custom.Name
+	if err := decodeCallerJSON(raw, &tc, "tool_choice"); err != nil { // an object, or a type error naming tool_choice
+		return err
 	}
+	tc.Name = map[bool]string{false: tc.Name, true: tc.Function.Name + tc.Custom.Name}[nested]
 	switch {
 	case tc.Type != toolFunction && tc.Type != toolCustom:
 		req.drop(true, "tool_choice")
@@ -267,19 +256,12 @@ func (req chatRequest) openAIToolChoice(nested bool) json.RawMessage {
 func encodeChat(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 	out := chatRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream}, ParallelToolCalls: req.ParallelToolCalls,
 		ReasoningEffort: req.Effort, Verbosity: req.Verbosity, ToolChoice: req.openAIToolChoice(true), Stop: jsonArray(req.Stop),
-		openAIShared: req.Shared}
-	if req.MaxTokens > 0 && c.res.Provider.id == "openai" { // its reasoning models take only this, as a passthrough call sends
-		out.MaxCompletionTokens = &req.MaxTokens
-	} else if req.MaxTokens > 0 {
-		out.MaxTokens = &req.MaxTokens
+		MaxTokens: ifSet(&req.MaxTokens, req.MaxTokens > 0), openAIShared: req.Shared}
+	if c.res.Provider.id == "openai" { // its reasoning models take only this, as a passthrough call sends
+		out.MaxTokens, out.MaxCompletionTokens = nil, out.MaxTokens
 	}
-	if req.Stream {
-		out.StreamOptions = json.RawMessage(`{"include_usage":true}`)
-	}
-	msgs := []chatMessage{}
-	if req.System != "" {
-		msgs = append(msgs, chatMessage{Role: "system", Content: jsonText(req.System)})
-	}
+	out.StreamOptions = map[bool]json.RawMessage{true: json.RawMessage(`{"include_usage":true}`)}[req.Stream]
+	msgs := map[bool][]chatMessage{false: {}, true: {{Role: "system", Content: jsonText(req.System)}}}[req.System != ""]
 	for _, m := range req.Messages {
 		msg := chatMessage{Role: m.Role, Content: json.RawMessage("null")}
 		var parts []chatPart
@@ -315,8 +297,7 @@ func encodeChat(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 	for _, t := range req.Tools {
 		f := &chatFunction{tool: t}
 		f.Type = ""
-		nested := map[bool]chatToolCall{false: {Type: t.Type, Function: f}, true: {Type: t.Type, Custom: f}}
-		tools = append(tools, nested[t.Type == toolCustom])
+		tools = append(tools, map[bool]chatToolCall{false: {Type: t.Type, Function: f}, true: {Type: t.Type, Custom: f}}[t.Type == toolCustom])
 	}
 	out.Tools = jsonArray(tools)
 	if f := req.Output; f != nil {
@@ -326,8 +307,7 @@ func encodeChat(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 	return json.Marshal(out)
 }
 
-// chatCall is a call as Chat Completions writes it: a custom one's input, a function's arguments ("{}" for none but in
-// a stream's call, which carries its index).
+// chatCall is a call as Chat Completions writes it: a function's arguments are "{}" for none but in a stream's indexed call.
 func chatCall(index *int, id, name, args string, custom bool) chatToolCall {
 	if !custom && index == nil {
 		args = argumentsText(args)
@@ -362,10 +342,12 @@ func decodeChat(body []byte, rd *streamReader) error {
 		return malformedAnswer(protoOpenAIChat, err)
 	}
 	m := r.Choices[0].Message
-	rd.finish = map[bool]string{false: finishStop, true: finishToolCalls}[len(m.ToolCalls) > 0]
-	rd.finish = cmp.Or(chatFinishes[cmp.Or(valueOr(r.Choices[0].FinishReason, ""), rd.finish)], finishStop)
-	rd.usage, err = usageOf(protoOpenAIChat, r.Usage)
-	if err = cmp.Or(err, rd.delta(m)); err != nil { // malformed usage refuses the answer, as it does a stream
+	calls := map[bool]string{false: finishStop, true: finishToolCalls}[len(m.ToolCalls) > 0]
+	rd.finish = cmp.Or(chatFinishes[cmp.Or(valueOr(r.Choices[0].FinishReason, ""), calls)], finishStop)
+	if u := r.Usage; u != nil {
+		rd.usage = usage{u.PromptTokens, u.CompletionTokens, true}
+	}
+	if err := rd.delta(m); err != nil {
 		return err
 	}
 	return rd.ended()
@@ -390,11 +372,8 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 	case step == stepFail: // the envelope of SPEC §8.1 as a final data frame
 		return s.frame("", s.failure.body())
 	case step == stepEnd:
-		finish := ptrTo(cmp.Or(s.rd.finish, finishStop))
-		var u json.RawMessage // left out, not zeros, when unreported
-		if n := s.rd.usage; n.Reported {
-			u = must(json.Marshal(chatUsage{n.InputTokens, n.OutputTokens, n.InputTokens + n.OutputTokens}))
-		}
+		finish, n := ptrTo(cmp.Or(s.rd.finish, finishStop)), s.rd.usage // usage left out, not zeros, when unreported
+		u := ifSet(&chatUsage{n.InputTokens, n.OutputTokens, n.InputTokens + n.OutputTokens}, n.Reported)
 		if s.flush == nil { // a buffered answer: content null beside only tool calls, as OpenAI sends it
 			text, m := "", chatMessage{Role: "assistant"}
 			for _, b := range s.blocks {
@@ -421,7 +400,7 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 }
 
 // chatChunk writes a chat.completion.chunk of this answer: its one choice, or none beside usage.
-func (s *callerStream) chatChunk(u json.RawMessage, choices ...chatChoice) error {
+func (s *callerStream) chatChunk(u *chatUsage, choices ...chatChoice) error {
 	return s.frame("", chatCompletion{s.id, "chat.completion.chunk", s.created, s.model, append([]chatChoice{}, choices...), u})
 }
 
@@ -471,16 +450,16 @@ func (r *streamReader) readChat(event string, e rawObject) (keep bool, err error
 }
 
 // delta gives the caller stream a chat delta's (or an answer's) text, a refusal's too, and tool call pieces. Content is
-// a string, or parts whose text counts, as some compatible providers send it; calls after the first are held to the end.
+// a string, or parts as some compatible providers send it; calls after the first are held to the end.
 func (r *streamReader) delta(d *chatMessage) error {
 	var t string
 	if !rawIsNull(d.Content) && json.Unmarshal(d.Content, &t) != nil {
-		var parts []chatPart
+		var parts []responsesPart // its text and refusal parts carry text
 		if err := json.Unmarshal(d.Content, &parts); err != nil {
 			return malformedAnswer(protoOpenAIChat, err)
 		}
-		for _, p := range parts { // a text part's; no other carries text
-			t += valueOr(p.Text, "")
+		for _, p := range parts {
+			t, r.refusal = t+valueOr(p.Text, "")+p.Refusal, r.refusal || p.Type == "refusal"
 		}
 	}
 	t, r.refusal = t+d.Refusal, r.refusal || d.Refusal != "" // a refusal's text, and the finish content_filter

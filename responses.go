@@ -87,46 +87,36 @@ const responsesKnown = "model instructions input tools tool_choice parallel_tool
 func parseResponses(cr *callerRequest) (chatRequest, error) {
 	var b responsesRequestBody
 	req, err := newCallerRequest(cr, &b, &b.callerHead, responsesKnown)
-	if err != nil {
-		return chatRequest{}, err
-	}
 	for _, ref := range []string{"previous_response_id", "conversation", "prompt"} { // refused as item_reference is
-		if !rawIsNull(rawMember(cr.body.src, ref)) {
-			return chatRequest{}, refuse("invalid_request", "%s is not supported across formats: it names what only the "+
+		if err == nil && !rawIsNull(rawMember(cr.body.src, ref)) {
+			err = refuse("invalid_request", "%s is not supported across formats: it names what only the "+
 				"provider that stored it holds; send the instructions and items themselves", ref)
 		}
 	}
 	req.dropUnknown(rawMember(cr.body.src, "reasoning"), "effort")
 	req.dropUnknown(rawMember(cr.body.src, "text"), "format verbosity")
-	req.Shared, req.ParallelToolCalls = b.openAIShared, b.ParallelToolCalls
-	req.System, req.Verbosity = b.Instructions, b.Text.Verbosity
-	switch rawShape(b.Input) {
-	case '"':
-		if err = req.addResponsesItem(responsesItem{Role: "user", Content: b.Input}, nil, "input"); string(b.Input) == `""` {
-			err = refuse("invalid_request", "input must not be empty")
-		}
-	case '[':
-		err = readList(b.Input, "input", req.addResponsesItem)
-	default:
+	req.Shared, req.ParallelToolCalls, req.System, req.Verbosity = b.openAIShared, b.ParallelToolCalls, b.Instructions, b.Text.Verbosity
+	req.Effort, req.EffortName = b.Reasoning.Effort, map[bool]string{true: "effort"}[b.Reasoning.Effort != ""]
+	switch {
+	case err != nil: // the first refusal wins
+	case string(b.Input) == `""`:
+		err = refuse("invalid_request", "input must not be empty")
+	case rawShape(b.Input) == '"': // one user message
+		b.Input = slices.Concat([]byte(`[{"role":"user","content":`), b.Input, []byte("}]"))
+	case rawShape(b.Input) != '[':
 		err = refuse("invalid_request", "input is required: a string or an array of items")
 	}
-	if b.Reasoning.Effort != "" {
-		req.Effort, req.EffortName = b.Reasoning.Effort, "effort"
-	}
-	err = cmp.Or(err, readList(b.Tools, "tools", req.addOpenAITool), req.setOpenAIToolChoice(b.ToolChoice, false),
-		req.setOutput(b.Text.Format, "text.format"))
+	err = cmp.Or(err, readList(b.Input, "input", req.addResponsesItem), readList(b.Tools, "tools", req.addOpenAITool),
+		req.setOpenAIToolChoice(b.ToolChoice, false), req.setOutput(b.Text.Format, "text.format"))
 	return req.finishParse(err, "input must hold at least one user, assistant or tool item")
 }
 
-// carriedItems are the input item types Brama carries, whose unknown members it names.
-var carriedItems = map[string]bool{"message": true, "function_call": true, "custom_tool_call": true,
-	"function_call_output": true, "custom_tool_call_output": true, "additional_tools": true}
-
-// addResponsesItem adds one input item. Reasoning and hosted tool calls are dropped and named, and so is a reference
-// to an earlier answer's text or reasoning (the Vercel AI SDK's store: true sends one); any other reference is
-// refused: Brama keeps no responses.
+// addResponsesItem adds one input item, naming a carried item's unknown members. Reasoning and hosted tool calls are dropped
+// and named, and so is a reference to an earlier answer's text or reasoning (the Vercel AI SDK's store: true sends one);
+// any other reference is refused: Brama keeps no responses.
 func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, what string) error {
-	if carriedItems[cmp.Or(it.Type, "message")] {
+	switch it.Type {
+	case "", "message", "function_call", "custom_tool_call", "function_call_output", "custom_tool_call_output", "additional_tools":
 		req.dropUnknown(raw, "type id status role content call_id namespace name arguments input output tools")
 	}
 	switch it.Type {
@@ -135,8 +125,7 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 			return req.addSystemOf(it.Content, what+".content", "input_text")
 		}
 		if it.Role != "user" && it.Role != "assistant" {
-			return refuse("invalid_request", "%s.role %s is not one of user, assistant, system, developer", what,
-				quoteCallerToken(it.Role))
+			return refuse("invalid_request", "%s.role %s is not one of user, assistant, system, developer", what, quoteCallerToken(it.Role))
 		}
 		parts, err := req.responsesParts(it.Content, what+".content")
 		if err == nil && len(parts) == 0 && it.Role == "user" {
@@ -185,8 +174,7 @@ func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part
 		case rp.Type == "input_image" && rp.ImageURL != nil:
 			p, err = part{Type: partImage, ImageURL: *rp.ImageURL, Detail: rp.Detail}, checkCallerURL(*rp.ImageURL, at+".image_url")
 		case rp.Type == "input_file" && rp.FileData+rp.FileURL != "":
-			p = part{Type: partDocument, FileURL: rp.FileData + rp.FileURL, Filename: rp.Filename}
-			err = checkCallerURL(p.FileURL, at)
+			p, err = part{Type: partDocument, FileURL: rp.FileData + rp.FileURL, Filename: rp.Filename}, checkCallerURL(rp.FileData+rp.FileURL, at)
 		default:
 			return p, nil
 		}
@@ -212,25 +200,21 @@ func encodeResponses(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 		req.drop(req.TopP != nil, "top_p")
 		req.drop(true, openAIShared{Metadata: out.Metadata, SafetyIdentifier: out.SafetyIdentifier, User: out.User}.names()...)
 		out.callerHead, out.MaxOutputTokens = callerHead{Model: c.res.Model, Stream: req.Stream}, 0
-		out.Store, out.Instructions = json.RawMessage("false"), cmp.Or(req.System, codexDefaultInstructions)
-		out.Metadata, out.SafetyIdentifier, out.User = nil, nil, nil
+		out.Instructions, out.openAIShared = cmp.Or(req.System, codexDefaultInstructions),
+			openAIShared{Store: json.RawMessage("false"), ServiceTier: out.ServiceTier, PromptCacheKey: out.PromptCacheKey}
 	}
 	items := []responsesItem{}
 	for _, m := range req.Messages {
-		// codex's backend refuses system items: "developer", as the Codex CLI sends
-		role := map[bool]string{false: m.Role, true: "developer"}[m.Role == "system" && codex]
+		role := map[bool]string{false: m.Role, true: "developer"}[m.Role == "system" && codex] // codex refuses system items, as the Codex CLI knows
 		var content []responsesPart
-		for i, p := range m.Parts {
-			// a call or a result has no content; the content before it (or at the end) is one message item
+		for i, p := range m.Parts { // a call or a result has no content; the content before it (or at the end) is one message item
 			content = append(content, responsesContent([]part{p}, m.Role == "assistant")...)
 			if len(content) > 0 && (p.Type == partToolCall || p.Type == partToolResult || i == len(m.Parts)-1) {
 				items, content = append(items, responsesItem{Type: "message", Role: role, Content: must(json.Marshal(content))}), nil
 			}
 			if p.Type == partToolCall { // named in its namespace as the caller declared it
-				it := responsesItem{Type: responsesCallTypes[p.Custom], CallID: p.ToolCallID, Name: p.ToolName}
-				if t := req.findTool(p.ToolName); t != nil {
-					it.Namespace, it.Name = t.Namespace, t.memberName()
-				}
+				t := valueOr(req.findTool(p.ToolName), tool{Name: p.ToolName})
+				it := responsesItem{Type: responsesCallTypes[p.Custom], CallID: p.ToolCallID, Namespace: t.Namespace, Name: t.memberName()}
 				it.fill(map[bool]string{false: argumentsText(p.Arguments), true: p.Arguments}[p.Custom]) // a custom tool's input as is
 				items = append(items, it)
 			} else if p.Type == partToolResult { // its text, or parts with its images and documents
@@ -258,10 +242,8 @@ var responsesCallTypes = map[bool]string{false: "function_call", true: "custom_t
 
 // call is a call item as a neutral tool_call part, its name flattened.
 func (it *responsesItem) call() (part, bool) {
-	tc := part{Type: partToolCall, ToolCallID: it.CallID, ToolName: it.Name, Custom: it.Type == "custom_tool_call"}
-	if it.Namespace != "" {
-		tc.ToolName = it.Namespace + "__" + it.Name
-	}
+	tc := part{Type: partToolCall, ToolCallID: it.CallID, ToolName: strings.TrimPrefix(it.Namespace+"__"+it.Name, "__"),
+		Custom: it.Type == "custom_tool_call"}
 	tc.Arguments = map[bool]string{false: argumentsText(valueOr(it.Arguments, "")), true: valueOr(it.Input, "")}[tc.Custom]
 	return tc, tc.Custom || it.Type == "function_call"
 }
@@ -296,7 +278,7 @@ func responsesContent(ps []part, assistant bool) []responsesPart {
 	return out
 }
 
-// responsesFinishes maps incomplete_details.reason to finishes, both ways.
+// responsesFinishes maps incomplete_details.reason to finishes (responsesFrames the other way).
 var responsesFinishes = map[string]string{"max_output_tokens": finishLength, "content_filter": finishContentFilter}
 
 // responsesEvents names each item type's delta and done events.
@@ -304,8 +286,7 @@ var responsesEvents = map[string][2]string{"message": {"response.output_text.del
 	"function_call":    {"response.function_call_arguments.delta", "response.function_call_arguments.done"},
 	"custom_tool_call": {"response.custom_tool_call_input.delta", "response.custom_tool_call_input.done"}}
 
-// responsesFrames writes Responses events, one output item at a time, and keeps the whole response for
-// response.completed (and the buffered answer).
+// responsesFrames writes Responses events, one output item at a time, keeping the response whole for response.completed.
 func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string) error {
 	switch step {
 	case stepBegin:
@@ -316,8 +297,7 @@ func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string
 	case stepOpen:
 		it := &responsesItem{Type: "message", ID: "msg_", Role: "assistant", Content: json.RawMessage("[]")} // ID: its prefix
 		if !b.text {
-			it = &responsesItem{Type: responsesCallTypes[b.custom], ID: "fc_", CallID: answerIDOr(b.id, "call_"),
-				Namespace: b.namespace, Name: b.name}
+			it = &responsesItem{Type: responsesCallTypes[b.custom], ID: "fc_", CallID: answerIDOr(b.id, "call_"), Namespace: b.namespace, Name: b.name}
 			it.fill("")
 		}
 		it.ID, it.Status, s.resp.Output = newAnswerID(it.ID), "in_progress", append(s.resp.Output, it)
@@ -333,18 +313,13 @@ func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string
 		it := s.resp.Output[b.pos]
 		it.Status = "completed"
 		it.fill(d)
-		done := responsesEvent{Type: responsesEvents[it.Type][1], Arguments: it.Arguments, Input: it.Input}
-		if b.text {
-			done.Text = &d
-		}
+		done := responsesEvent{Type: responsesEvents[it.Type][1], Text: ifSet(&d, b.text), Arguments: it.Arguments, Input: it.Input}
 		return s.emit(b, done, responsesEvent{Type: "response.content_part.done", Part: ptrTo(outputText(d))},
 			responsesEvent{Type: "response.output_item.done", Item: it})
 	case stepEnd: // "incomplete" with a reason as OpenAI reports it (SPEC §7.5): SDK stream helpers wait for this event
 		s.resp.Status = "completed"
-		for reason, finish := range responsesFinishes {
-			if finish == s.rd.finish {
-				s.resp.Status, s.resp.IncompleteDetails = "incomplete", map[string]string{"reason": reason}
-			}
+		if reason := map[string]string{finishLength: "max_output_tokens", finishContentFilter: "content_filter"}[s.rd.finish]; reason != "" {
+			s.resp.Status, s.resp.IncompleteDetails = "incomplete", map[string]string{"reason": reason}
 		}
 		if u := s.rd.usage; u.Reported { // else null; the details always go: strict clients require them, Brama counts neither
 			s.resp.Usage = map[string]any{"input_tokens": u.InputTokens, "input_tokens_details": map[string]int{"cached_tokens": 0},
@@ -353,8 +328,7 @@ func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string
 		}
 		return s.emit(nil, responsesEvent{Type: "response.completed", Response: &s.resp})
 	}
-	e := s.failure.body().Error // stepFail
-	s.resp.Status, s.resp.Error = "failed", map[string]string{"code": e.Code, "message": e.Message}
+	s.resp.Status, s.resp.Error = "failed", map[string]string{"code": s.failure.Code, "message": s.failure.Message} // stepFail
 	return s.emit(nil, responsesEvent{Type: "response.failed", Response: &s.resp})
 }
 
@@ -381,8 +355,6 @@ func (s *callerStream) emit(b *streamBlock, evs ...responsesEvent) (err error) {
 func outputText(text string) responsesPart {
 	return responsesPart{Type: "output_text", Text: &text, Annotations: json.RawMessage("[]")}
 }
-
-// The responses part of the one stream reader (relay.go's streamReader).
 
 // readResponses: response.completed (or .incomplete) ends, with usage; an output item's start, deltas and end are
 // keyed by output_index, and a buffered codex caller keeps each ended item as sent.
@@ -417,24 +389,24 @@ func (r *streamReader) readResponses(typ string, e rawObject) (keep, end bool, e
 			Delta       string          `json:"delta"`
 		}
 		var item responsesItem
-		isItem := strings.HasPrefix(typ, "response.output_item.")
+		isItem, done := strings.HasPrefix(typ, "response.output_item."), typ == "response.output_item.done"
 		if json.Unmarshal(e.src, &ev) != nil ||
 			isItem && (rawShape(ev.Item) != '{' || r.out != nil && json.Unmarshal(ev.Item, &item) != nil) {
 			return false, false, eventWithout(protoOpenAIResponses, typ, "an index and an item")
 		}
-		if r.out == nil {
+		it := r.calls[ev.OutputIndex]
+		switch {
+		case r.out == nil:
 			r.raw[ev.OutputIndex] = ev.Item // decoding copied it out of the reader's buffer
-			break
-		}
-		it, seen := r.calls[ev.OutputIndex]
-		if !seen {
+			return true, false, nil
+		case it == nil:
 			it = &upstreamCall{tool: -1}
 			r.calls[ev.OutputIndex] = it
 		}
 		r.refusal = r.refusal || typ == "response.refusal.delta"
 		switch {
 		case isItem:
-			err = r.item(it, &item, typ == "response.output_item.done")
+			err = r.item(it, &item, done)
 		case typ == "response.output_text.delta" || typ == "response.refusal.delta":
 			err = r.out.text(ev.Delta)
 		case it.tool < 0:
@@ -442,7 +414,7 @@ func (r *streamReader) readResponses(typ string, e rawObject) (keep, end bool, e
 		default:
 			err = r.out.args(it.tool, ev.Delta)
 		}
-		it.streamed = it.streamed || ev.Delta != "" || typ == "response.output_item.done" // a done item gives nothing again
+		it.streamed = it.streamed || ev.Delta != "" || done // a done item gives nothing again
 	}
 	return err == nil, false, err
 }
@@ -469,8 +441,7 @@ func decodeResponses(body []byte, r *streamReader) error {
 			}
 		}
 	}
-	r.finish = map[bool]string{false: finishStop, true: finishToolCalls}[r.ncalls > 0]
-	r.finish = cmp.Or(responsesFinishes[resp.IncompleteDetails.Reason], r.finish)
+	r.finish = cmp.Or(responsesFinishes[resp.IncompleteDetails.Reason], map[bool]string{false: finishStop, true: finishToolCalls}[r.ncalls > 0])
 	return r.ended()
 }
 
@@ -497,8 +468,7 @@ func (r *streamReader) item(it *upstreamCall, item *responsesItem, done bool) er
 	var parts []responsesPart
 	json.Unmarshal(item.Content, &parts)
 	for _, p := range parts { // a text part has no refusal, a refusal part no text
-		text += valueOr(p.Text, "") + p.Refusal
-		r.refusal = r.refusal || p.Type == "refusal"
+		text, r.refusal = text+valueOr(p.Text, "")+p.Refusal, r.refusal || p.Type == "refusal"
 	}
 	return r.out.text(text)
 }

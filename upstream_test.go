@@ -298,6 +298,9 @@ func TestDecodeUpstreamAnswer(t *testing.T) {
 		{"chat length, content parts", protoOpenAIChat,
 			`{"choices":[{"message":{"content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},"finish_reason":"length"}],"usage":{"prompt_tokens":1,"completion_tokens":2}}`,
 			chatAnswer{Text: "ab", Finish: finishLength, Usage: usage{1, 2, true}}},
+		{"chat refusal part", protoOpenAIChat, // its text kept and the finish content_filter, as a refusal member's
+			`{"choices":[{"message":{"content":[{"type":"refusal","refusal":"no"}]},"finish_reason":"stop"}]}`,
+			chatAnswer{Text: "no", Finish: finishContentFilter}},
 		{"anthropic text", protoAnthropic,
 			`{"id":"msg_1","type":"message","role":"assistant","model":"claude-sonnet-4-5","content":[{"type":"text","text":"Hello."}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":10,"cache_read_input_tokens":4,"output_tokens":3}}`,
 			chatAnswer{Text: "Hello.", Finish: finishStop, Usage: usage{14, 3, true}}},
