@@ -36,14 +36,11 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 		p, attempts, model := c.res.Provider, e.t.attempts, cmp.Or(e.route, req.head.Model)
 		e.t.route = c.res.Route
 		pass, tr := !req.translates(p), chatRequest{}
-		if !pass {
-			tr = *req.sent
-			if len(tr.Dropped) > 0 { // SPEC §7.6: nothing is dropped silently
-				w.Header().Set("Brama-Dropped", headerText(strings.Join(tr.Dropped, ", ")))
-				e.t.dropped = tr.Dropped
-			}
-		} else {
+		if pass {
 			model = c.res.Model // a passthrough stream names the provider's model
+		} else if tr = *req.sent; len(tr.Dropped) > 0 { // SPEC §7.6: nothing is dropped silently
+			w.Header().Set("Brama-Dropped", headerText(strings.Join(tr.Dropped, ", ")))
+			e.t.dropped = tr.Dropped
 		}
 		switch {
 		case req.head.Stream:
@@ -131,6 +128,7 @@ const (
 	answerInProgress = "in_progress" // record states (SPEC §12 item 4)
 	answerComplete   = "complete"
 	abandonedMessage = "this answer's process stopped before it was kept; a provider call may have been made" // SPEC §12 item 2
+	unplaced         = "this request's one signed answer has no place to be kept: %v"                         // SPEC §2.1
 )
 
 var (
@@ -234,14 +232,6 @@ func newAnswerStore(st state, log *slog.Logger, now func() time.Time) *answerSto
 	return &answerStore{sys: sys{log: log, now: now}, st: st, bootID: rand.Text()}
 }
 
-// unplaced is SPEC §2.1's refusal when an answer cannot be kept.
-func (a *answerStore) unplaced(cause error) *apiError {
-	if errors.Is(cause, errNoState) {
-		cause = a.st.cause
-	}
-	return refuse("internal_error", "this request's one signed answer has no place to be kept: %v", cause).because(cause)
-}
-
 // signedCall is a chat request carrying an Idempotency-Key as the store sees it.
 type signedCall struct {
 	client, route string
@@ -327,15 +317,18 @@ func (a *answerStore) reserve(c signedCall) (*answerRecord, error) {
 		return nil, refuse("invalid_request", "Idempotency-Key keeps one buffered answer; it cannot be used with stream: true")
 	}
 	// A client id names a directory: the clients file's validation holds it to idPattern.
-	path, err := a.st.path("signed answers", filepath.Join("answers", c.client, hexSHA256([]byte(c.keys[0]))+".json"))
+	key, err := readAnswerKey(a.st, true)
+	path := filepath.Join(a.st.dir, "answers", c.client, hexSHA256([]byte(c.keys[0]))+".json")
 	for _, d := range []string{filepath.Dir(filepath.Dir(path)), filepath.Dir(path)} { // never a planted symlink
 		if fi, lerr := os.Lstat(d); err == nil && lerr == nil && !fi.IsDir() {
 			err = fmt.Errorf("%s is a symlink or not a directory", d)
 		}
 	}
-	key, kerr := readAnswerKey(a.st, true)
-	if err = cmp.Or(err, kerr); err != nil {
-		return nil, a.unplaced(err)
+	if errors.Is(err, errNoState) { // SPEC §2.1: no place, and the home's cause
+		err = a.st.cause
+	}
+	if err != nil {
+		return nil, refuse("internal_error", unplaced, err).because(err)
 	}
 	t := &answerRecord{SchemaVersion: 1, State: answerInProgress, BootID: a.bootID, Client: c.client,
 		KeySHA256: hexSHA256([]byte(c.keys[0])), RequestSHA256: hexSHA256(c.body),
@@ -346,7 +339,7 @@ func (a *answerStore) reserve(c signedCall) (*answerRecord, error) {
 		if err := publishFile(path, data); err == nil {
 			return t, nil
 		} else if !errors.Is(err, fs.ErrExist) {
-			return nil, a.unplaced(err)
+			return nil, refuse("internal_error", unplaced, err).because(err)
 		}
 		rec, err := readAnswerFile(path)
 		if errors.Is(err, errFileAbsent) {
@@ -448,12 +441,9 @@ func newReplayGuard(getenv func(string) string, log *slog.Logger, now func() tim
 
 // replayLeftOut is what a digest leaves out, strict and loose: stream members (SPEC §17: a buffered fallback from a failed
 // stream asks the same request), client_metadata (digested apart in key order: the Codex CLI re-sends it from a hash map),
-// and for the loose key the output limit (Claude Code's fallback asks 64000 of 128000).
-var replayLeftOut = map[bool][]memberEdit{
-	false: {{key: "stream"}, {key: "stream_options"}, {key: "client_metadata"}},
-	true: {{key: "stream"}, {key: "stream_options"}, {key: "client_metadata"},
-		{key: "max_tokens"}, {key: "max_completion_tokens"}, {key: "max_output_tokens"}},
-}
+// and for the loose key (all six) the output limit (Claude Code's fallback asks 64000 of 128000).
+var replayLeftOut = []memberEdit{{key: "stream"}, {key: "stream_options"}, {key: "client_metadata"},
+	{key: "max_tokens"}, {key: "max_completion_tokens"}, {key: "max_output_tokens"}}
 
 // replayKeyOf digests client, scope and the body's bytes but replayLeftOut: no generic decode, so the cost is the body's.
 func replayKeyOf(clientID, scope string, body rawObject, loose bool) [sha256.Size]byte {
@@ -469,7 +459,7 @@ func replayKeyOf(clientID, scope string, body rawObject, loose bool) [sha256.Siz
 	} else {
 		h.Write(meta) // not an object: its bytes as they are
 	}
-	body.writeEdited(h, replayLeftOut[loose]...)
+	body.writeEdited(h, replayLeftOut[:3+3*boolCount(loose)]...)
 	return [sha256.Size]byte(h.Sum(nil))
 }
 
@@ -525,21 +515,18 @@ func (g *replayGuard) check(client, agent string, h http.Header, body rawObject,
 			h.Values("anthropic-version"), h.Values("anthropic-beta"), h.Values("openai-beta")})
 	}
 	g.lock()
-	held := g.held[client] > 0
-	g.mu.Unlock()
-	if held {
+	var e *replayEntry
+	if g.held[client] > 0 {
 		s := scope()
-		strict, loose := replayKeyOf(client, s, body, false), replayKeyOf(client, s, body, true)
-		g.lock()
-		e := cmp.Or(g.refused[strict], g.refused[loose])
-		g.mu.Unlock()
-		if e != nil {
-			at := e.until.Add(-g.window) // when it was refused
-			refusal = refuse(e.code, "this request repeats one refused at %s after a provider call (%s); the same request is refused without a provider call until %s (BRAMA_REPLAY_GUARD_SECS)",
-				at.UTC().Format(time.RFC3339), strings.TrimSuffix(e.code+": "+e.message, ": "), e.until.UTC().Format(time.RFC3339))
-			refusal.Retryable = false
-			refusal.withStatus(e.status).because(errReplayRefused).withAttempts(0)
-		}
+		e = cmp.Or(g.refused[replayKeyOf(client, s, body, false)], g.refused[replayKeyOf(client, s, body, true)])
+	}
+	g.mu.Unlock()
+	if e != nil {
+		at := e.until.Add(-g.window) // when it was refused
+		refusal = refuse(e.code, "this request repeats one refused at %s after a provider call (%s); the same request is refused without a provider call until %s (BRAMA_REPLAY_GUARD_SECS)",
+			at.UTC().Format(time.RFC3339), strings.TrimSuffix(e.code+": "+e.message, ": "), e.until.UTC().Format(time.RFC3339))
+		refusal.Retryable = false
+		refusal.withStatus(e.status).because(errReplayRefused).withAttempts(0)
 	}
 	return refusal, func(ae *apiError, attempts int, hungUp, streamed bool) {
 		if attempts == 0 || hungUp || ae.Code == "client_cancelled" || ae.Code == "subscription_reauthorization_required" || ae.Retryable {

@@ -88,21 +88,19 @@ func (e *engine) plan(cl client, req *chatRequest) (call, error) {
 	if err != nil {
 		return call{}, err
 	}
-	c := call{res: res}
 	switch pool := res.Mode != modeDirect && res.Mode != modeAlias; {
 	case pool && e.agent == "":
 		err = refuse("forbidden", "this route is paid by an agent's subscriptions; use a bearer bound to an agent: brama clients add ID -agent AGENT")
 	case pool || res.Provider.cred != credDirect: // a pool, or a deployment without a key, pays
+		key = ""
 	case vaultErr != nil:
 		err = refuse("credential_unauthorized", "the vault is unreadable").because(vaultErr).withAttempts(0)
 	case key == "":
 		err = refuse("credential_unauthorized", "no direct credential for provider %q", res.Provider.id).withAttempts(0)
 	case controlAt(key) >= 0: // a vault edited by hand: net/http would refuse the header before sending, no call
 		err = refuse("credential_unauthorized", "the direct key for %q holds a control character", res.Provider.id).withAttempts(0)
-	default:
-		c.cred.APIKey = key
 	}
-	return c, err
+	return call{res: res, cred: upstreamCredential{APIKey: key}}, err
 }
 
 // planChat is plan plus a chat call's output limit (SPEC §6.4), a
@@ -543,7 +541,6 @@ func (c *core) directKey(provider string) (string, error) {
 	return "", nil
 }
 
-// hasDirect reports whether a direct credential exists for provider.
 func (c *core) hasDirect(provider string) bool {
 	key, _ := c.directKey(provider)
 	return key != ""
