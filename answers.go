@@ -269,26 +269,25 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 	// Deferred, so that after a panic too the key is kept or released; the panic goes on (the connection is lost anyway).
 	defer func() {
 		calls, dispatched := c.t.attempts, c.t.attempts > 0 || rec.HeaderMap.Get("Brama-Attempts") != ""
-		var cut *apiError
+		cut := func(ae *apiError) {
+			rec = httptest.NewRecorder()
+			c.envelope(rec, ae.withAttempts(calls))
+			c.t.outcome, c.t.retryable = ae.Code, false
+		}
 		t.Route = cmp.Or(rec.HeaderMap.Get("Brama-Route"), t.Route) // a selector's: the candidate that answered
 		switch {
 		case rec.Code/100 == 2 && !panicked:
 		case calls > 0 && panicked:
-			cut = refuse("internal_error", "the answer failed inside Brama after a provider call started")
+			cut(refuse("internal_error", "the answer failed inside Brama after a provider call started"))
 		case calls > 0 && context.Cause(ctx) == errServerShutdown: // a stopped process's answer (item 2)
-			cut = refuse("internal_error", abandonedMessage)
+			cut(refuse("internal_error", abandonedMessage))
 		case calls > 0 && ctx.Err() != nil:
-			cut = refuse("client_cancelled", "the caller hung up after a provider call started")
+			cut(refuse("client_cancelled", "the caller hung up after a provider call started"))
 		case panicked, ctx.Err() != nil, rec.HeaderMap.Get("X-Should-Retry") == "true", !dispatched: // released
 			if err := errors.Join(os.Remove(t.path), syncDir(filepath.Dir(t.path))); err != nil {
 				a.log.Error("answer_release_failed", "request_id", c.t.requestID, "err", err)
 			}
 			t = nil
-		}
-		if cut != nil {
-			rec = httptest.NewRecorder()
-			c.envelope(rec, cut.withAttempts(calls))
-			c.t.outcome, c.t.retryable = cut.Code, false
 		}
 		if err := a.keep(t, rec, &calls); err != nil { // paid for: given unsigned rather than lost
 			a.log.Error("answer_unkept", "request_id", c.t.requestID, "err", err)
@@ -510,8 +509,7 @@ func (g *replayGuard) check(client, agent string, h http.Header, body rawObject,
 	}
 	// scope is what reaches a provider beside the body: route, key fingerprint (SPEC §17), agent, version headers (§6.2).
 	scope := func() string {
-		fingerprint := fmt.Sprintf("%x", sha256.Sum256([]byte(c.cred.APIKey)))
-		return fmt.Sprintf("%q", [][]string{{agent, c.res.Route, c.res.BaseURL, fingerprint},
+		return fmt.Sprintf("%q", [][]string{{agent, c.res.Route, c.res.BaseURL, hexSHA256([]byte(c.cred.APIKey))},
 			h.Values("anthropic-version"), h.Values("anthropic-beta"), h.Values("openai-beta")})
 	}
 	g.lock()

@@ -122,8 +122,7 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 		m.mu.Unlock()
 		return false
 	}
-	delete(m.asked, agent)
-	if agent == "" {
+	if delete(m.asked, agent); agent == "" {
 		clear(m.asked) // a pass over everyone covers the agents' refusals
 	}
 	m.running, m.fresh[agent] = true, true
@@ -393,8 +392,7 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, 
 			it.ID, until.UTC().Format(time.RFC3339))
 	}
 	builtin, _ := lookupProvider(it.Provider)
-	model = cmp.Or(model, builtin.probe)
-	if model == "" {
+	if model = cmp.Or(model, builtin.probe); model == "" {
 		return nil, refuse("state_conflict", "name a model for this probe: provider %q has no built-in probe model", it.Provider)
 	}
 	res, err := resolveModel(it.Provider+"/"+model, nil, nil, nil)
@@ -419,11 +417,10 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, 
 	return map[string]any{"ok": true, "probe": cmp.Or(row.Probe, &ledgerCheck{}), "subscription": row}, nil
 }
 
-// ping makes the probe's and onboarding's one completion on c (SPEC §11.3), paid by pool when given; codex's encoder
-// drops the output limit (§6.2).
+// ping makes the probe's and onboarding's one completion on c (SPEC §11.3: 16 output tokens), paid by pool when given;
+// codex's encoder drops the output limit (§6.2).
 func (e *engine) ping(ctx context.Context, c call, pool []overlayItem) (u usage, ae *apiError) {
-	ping := []message{{Role: "user", Parts: []part{{Type: partText, Text: "ping"}}}}
-	req := chatRequest{Model: c.res.Route, MaxTokens: 16, Messages: ping} // SPEC §11.3's output limit
+	req := chatRequest{Model: c.res.Route, MaxTokens: 16, Messages: []message{{Role: "user", Parts: []part{{Type: partText, Text: "ping"}}}}}
 	ae = e.attemptRoute(ctx, &job{budget: budgets.probe, pool: pool,
 		build: func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
 			return buildUpstreamRequest(ctx, c, &req)
