@@ -400,15 +400,13 @@ func (a *answerStore) keep(t *answerRecord, w *httptest.ResponseRecorder, attemp
 	return nil
 }
 
-// The replay guard (SPEC §8.1, §17): the same request after a refusal that followed a provider call is refused again,
-// without a call, until the window ends or the operator's fix.
-
 const maxReplayMessage = 256 // message bytes a replay entry keeps: 10,000 entries stay a few MB
 
 var errReplayRefused = errors.New("replay guard: the same request was refused after a provider call") // the log's cause
 
-// replayGuard remembers refusals after a provider call, in memory (SPEC §8.1: the Codex CLI and the official SDKs re-send a
-// refused request, each maybe billed again). Every entry lives one window, so queue is in expiry order.
+// replayGuard refuses again, without a call, a request refused after a provider call (SPEC §8.1, §17: the Codex CLI and the
+// official SDKs re-send a refused request, each maybe billed again), until its window ends or the operator's fix. In memory;
+// every entry lives one window, so queue is in expiry order.
 type replayGuard struct {
 	window  time.Duration // 0: off
 	now     func() time.Time

@@ -275,9 +275,8 @@ func (e *engine) exhausted(res resolution, tried bool, unfit *apiError) *apiErro
 		return unfit
 	case !tried: // a sign-in when no subscription of the route's provider (of a selector's: any, pool("")) is active
 		items, err := e.inv.pool(e.agent, res.Provider.id)
-		active := func(it overlayItem) bool { return e.ledger.entry(it.ID).Credential.State == credActive }
 		ae = refuse("credential_unauthorized", "no subscription of agent %q can serve %s", e.agent, route)
-		if err == nil && len(items) > 0 && !slices.ContainsFunc(items, active) {
+		if err == nil && len(items) > 0 && !slices.ContainsFunc(items, func(it overlayItem) bool { return e.ledger.entry(it.ID).Credential.State == credActive }) {
 			ae = refuse("subscription_reauthorization_required", "no subscription of agent %q for %s is active; sign in again",
 				e.agent, route)
 		}
