@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"maps"
 	"net/http"
@@ -18,7 +17,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -210,7 +208,7 @@ func readAnswerKey(st state, create bool) (key []byte, err error) {
 	}
 	if fresh := make([]byte, 32); create && errors.Is(err, errFileAbsent) {
 		rand.Read(fresh)
-		if err = publishFile(name, fresh); err == nil || errors.Is(err, fs.ErrExist) {
+		if err = publishFile(name, fresh); err == nil || errors.Is(err, os.ErrExist) {
 			return readAnswerKey(st, false)
 		}
 	}
@@ -254,7 +252,7 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 		var env envelope
 		if json.Unmarshal(t.Body, &env) == nil && env.Error.Code != "" {
 			c.t.outcome, c.t.retryable = env.Error.Code, env.Error.Retryable
-			h.Set("X-Should-Retry", strconv.FormatBool(env.Error.Retryable)) // SPEC §8.1
+			h.Set("X-Should-Retry", fmt.Sprint(env.Error.Retryable)) // SPEC §8.1
 		}
 		maps.Copy(h, http.Header{"Brama-Answer-Signature": {*t.Signature}, "Brama-Answer-Replayed": {"true"},
 			"Brama-Attempts": {"0"}, "Content-Type": {"application/json"}})
@@ -337,7 +335,7 @@ func (a *answerStore) reserve(c signedCall) (*answerRecord, error) {
 	for range 3 {
 		if err := publishFile(path, data); err == nil {
 			return t, nil
-		} else if !errors.Is(err, fs.ErrExist) {
+		} else if !errors.Is(err, os.ErrExist) {
 			return nil, refuse("internal_error", unplaced, err).because(err)
 		}
 		rec, err := readAnswerFile(path)

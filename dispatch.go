@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"maps"
 	"net/http"
@@ -172,7 +171,7 @@ candidates:
 				}
 			}
 			if len(queue) == 0 {
-				e.note(res.Route, fmt.Sprintf("no usable %q subscription", p.id))
+				e.note(res.Route, `no usable "`+p.id+`" subscription`)
 				continue
 			}
 			if j.selects {

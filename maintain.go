@@ -5,9 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
-	"strconv"
 	"sync"
 	"time"
 )
@@ -358,7 +356,7 @@ func (m *maintainer) readUsage(ctx context.Context, s *passSub) {
 	default:
 		s.read = true
 		m.o.ledger.recordWindows(id, provider, ws)
-		m.o.ledger.recordCheck(id, provider, false, true, strconv.Itoa(len(ws))+" window(s) read")
+		m.o.ledger.recordCheck(id, provider, false, true, fmt.Sprintf("%d window(s) read", len(ws)))
 		m.o.log.Info("usage_read_ok", "subscription_id", id, "provider", provider, "windows", len(ws))
 	}
 }
@@ -410,8 +408,8 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, 
 	}
 	e.ledger.recordCheck(it.ID, res.Provider.id, true, ok, detail)
 	e.inv.invalidate() // the listing shows the probe at once (SPEC §10.2)
-	level := map[bool]slog.Level{true: slog.LevelInfo, false: slog.LevelWarn}[ok]
-	e.log.Log(ctx, level, "usage_probe_"+map[bool]string{true: "ok", false: "failed"}[ok], "request_id", e.t.requestID,
+	log := map[bool]func(string, ...any){true: e.log.Info, false: e.log.Warn}[ok]
+	log("usage_probe_"+map[bool]string{true: "ok", false: "failed"}[ok], "request_id", e.t.requestID,
 		"subscription_id", it.ID, "agent_id", e.agent, "provider", it.Provider, "route", res.Route, "detail", ledgerSentence(detail))
 	row := e.inv.row(it, false, e.now())
 	return map[string]any{"ok": true, "probe": cmp.Or(row.Probe, &ledgerCheck{}), "subscription": row}, nil
