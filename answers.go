@@ -130,10 +130,9 @@ const (
 )
 
 var (
-	errAnswerCorrupt     = errors.New("not a kept answer")  // wraps every decode error: not SPEC §12's shape
-	errSignatureMismatch = errors.New("signature mismatch") // `brama answers verify`'s refusal
-	// errServerShutdown is serve's second signal: the requests it cancels keep item 2's refusal.
-	errServerShutdown = errors.New("the server is shutting down")
+	errAnswerCorrupt     = errors.New("not a kept answer")           // wraps every decode error: not SPEC §12's shape
+	errSignatureMismatch = errors.New("signature mismatch")          // `brama answers verify`'s refusal
+	errServerShutdown    = errors.New("the server is shutting down") // serve's second signal: what it cancels keeps item 2's refusal
 )
 
 // answerRecord is one kept-answer file (SPEC §12); in progress, the members only completion knows are null. Reserved by
@@ -264,8 +263,7 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 		return true, nil
 	}
 	rec, panicked := &httptest.ResponseRecorder{HeaderMap: http.Header{}, Body: new(bytes.Buffer)}, true // Code 0 until written
-	// Deferred, so that after a panic too the key is kept or released; the panic goes on (the connection is lost anyway).
-	defer func() {
+	defer func() {                                                                                       // after a panic too the key is kept or released; the panic goes on (the connection is lost anyway)
 		calls, dispatched := c.t.attempts, c.t.attempts > 0 || rec.HeaderMap.Get("Brama-Attempts") != ""
 		cut := func(ae *apiError) {
 			rec = httptest.NewRecorder()
@@ -313,10 +311,9 @@ func (a *answerStore) reserve(c signedCall) (*answerRecord, error) {
 	case c.stream:
 		return nil, refuse("invalid_request", "Idempotency-Key keeps one buffered answer; it cannot be used with stream: true")
 	}
-	// A client id names a directory: the clients file's validation holds it to idPattern.
 	key, err := readAnswerKey(a.st, true)
-	path := filepath.Join(a.st.dir, "answers", c.client, hexSHA256([]byte(c.keys[0]))+".json")
-	for _, d := range []string{filepath.Dir(filepath.Dir(path)), filepath.Dir(path)} { // never a planted symlink
+	path := filepath.Join(a.st.dir, "answers", c.client, hexSHA256([]byte(c.keys[0]))+".json") // the clients file holds c.client to idPattern
+	for _, d := range []string{filepath.Dir(filepath.Dir(path)), filepath.Dir(path)} {         // never a planted symlink
 		if fi, lerr := os.Lstat(d); err == nil && lerr == nil && !fi.IsDir() {
 			err = fmt.Errorf("%s is a symlink or not a directory", d)
 		}

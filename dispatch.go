@@ -63,8 +63,7 @@ type tally struct {
 	remember      func(ae *apiError, attempts int, hungUp, streamed bool) // the replay guard's (SPEC §8.1); nil: none
 }
 
-// job is how a request's calls are built and a committed one is answered;
-// commit's streamed says a failure was written in-band.
+// job is how a request's calls are built and a committed one answered; commit's streamed: a failure was written in-band.
 type job struct {
 	budget
 	pool   []overlayItem // the probe's one subscription; nil: the agent's eligible pool
@@ -72,8 +71,7 @@ type job struct {
 	commit func(ctx context.Context, c call, req *callerRequest, resp *http.Response) (u usage, failure *apiError, streamed bool)
 }
 
-// plan resolves a request's head and makes every check before dispatch but
-// §6.4's output limit: allowlist, model, who pays, direct key.
+// plan resolves a request's head and makes every check before dispatch but §6.4's: allowlist, model, who pays, direct key.
 func (e *engine) plan(cl client, req *chatRequest) (call, error) {
 	if !cl.mayUse(req.Model) { // SPEC §3.1
 		return call{}, refuse("forbidden", "this client may not use model %q", req.Model)
@@ -129,8 +127,7 @@ func (e *engine) planChat(cl client, req *callerRequest) (c call, cands []resolu
 	return c, cands, err
 }
 
-// applyMaxTokens is SPEC §6.4's rule: the caller's limit, else the model's,
-// else none but on anthropic-messages (refused); codex never gets one.
+// applyMaxTokens is SPEC §6.4: the caller's limit, else the model's, else none but on anthropic-messages; never codex's.
 func (e *engine) applyMaxTokens(req *chatRequest, res resolution) error {
 	if req.MaxTokens != 0 || res.Provider.codex {
 		return nil
@@ -264,8 +261,7 @@ func (e *engine) note(who, reason string) {
 	e.reasons = append(e.reasons, who+": "+reason)
 }
 
-// exhausted is the one refusal of a walk without an answer (SPEC §7.2.5):
-// after calls, chosen from what they met; with none, from why not.
+// exhausted is a walk's one refusal without an answer (SPEC §7.2.5): after calls, from what they met; else from why not.
 func (e *engine) exhausted(res resolution, tried bool, unfit *apiError) *apiError {
 	n, list, route := e.t.attempts, strings.Join(e.reasons, "; "), cmp.Or(res.Route, res.Mode)
 	var ae *apiError
@@ -356,8 +352,7 @@ func (e *engine) commit(ctx context.Context, j *job, c call, req *callerRequest,
 	return ae
 }
 
-// settle records a request's spend and outcome once, however it ended, and
-// returns its refusal: client_cancelled when the caller hung up (SPEC §7.4).
+// settle records a request's spend and outcome once, however it ended; a hang-up's refusal is client_cancelled (§7.4).
 func (e *engine) settle(ctx context.Context, j *job, c call, start time.Time, u usage, failure *apiError) *apiError {
 	if failure != nil && ctx.Err() != nil && failure.Code != "client_cancelled" {
 		failure = refuse("client_cancelled", "the caller went away while the provider answered").because(failure).withAttempts(e.t.attempts)

@@ -197,8 +197,7 @@ func (m *maintainer) changed() {
 	m.mu.Unlock()
 }
 
-// passNow answers POST /v1/admin/maintain from the next pass over everyone, started after the call (a running one may
-// predate the operator's change).
+// passNow answers POST /v1/admin/maintain from the next pass over everyone started after it (not one predating a change).
 func (m *maintainer) passNow(ctx context.Context) (passReport, error) {
 	m.mu.Lock()
 	if !m.looping {
@@ -261,8 +260,7 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) (rep passReport
 		subs = append(subs, &passSub{it: it, reportable: active && row.usage != "" && (credErr != nil || row.usageReadable(cred)),
 			oauth: active && row.tokenURL != "" && credErr == nil && cred.OAuth != nil})
 	}
-	// Reads run one at a time per provider, providers side by side (SPEC §17); refreshes side by side.
-	sideBySide(ctx, subs, func(s *passSub) string { return s.it.Provider }, m.readUsage)
+	sideBySide(ctx, subs, func(s *passSub) string { return s.it.Provider }, m.readUsage) // one at a time per provider (SPEC §17)
 	sideBySide(ctx, subs, func(s *passSub) string { return s.it.ID }, m.refreshIfDue)
 	if err == nil && ctx.Err() != nil { // what it skipped is neither read nor failed: not ok
 		err = fmt.Errorf("%w: the server is stopping, so this pass ended before its reads and refreshes", errMaintenanceStopped)
@@ -312,8 +310,8 @@ func sideBySide(ctx context.Context, subs []*passSub, key func(*passSub) string,
 	wg.Wait()
 }
 
-// readUsage reads s's due report into the ledger, nothing when ctx ended; a grant expired by the request path's rule is first
-// refreshed: s's one attempt.
+// readUsage reads s's due report into the ledger (not once ctx ended), first refreshing a grant expired by the request
+// path's rule: s's one attempt.
 func (m *maintainer) readUsage(ctx context.Context, s *passSub) {
 	id, provider := s.it.ID, s.it.Provider
 	if !s.reportable || !usageDue(m.o.ledger.entry(id), m.o.now()) {
@@ -321,14 +319,12 @@ func (m *maintainer) readUsage(ctx context.Context, s *passSub) {
 	}
 	cred, err := m.inv.credential(id)
 	if err == nil && cred.OAuth != nil && expiredForRequest(*cred.OAuth, m.o.now()) {
-		// Read with the grant it wrote, or with the one a sign-in that superseded it wrote (SPEC §11.1).
-		if err = m.refresh(ctx, s); err == nil || errors.Is(err, errRefreshSuperseded) {
+		if err = m.refresh(ctx, s); err == nil || errors.Is(err, errRefreshSuperseded) { // its grant, or a sign-in's (SPEC §11.1)
 			cred, err = m.inv.credential(id)
 		} else {
 			err = fmt.Errorf("not read: the expired grant could not be refreshed: %w", err)
 		}
 	}
-	// GET with the headers of provider's calls but their Content-Type (a GET has no body).
 	p, _ := lookupProvider(provider)
 	g, ws := cmp.Or(cred.OAuth, &oauthGrant{}), []planWindow(nil)
 	if endpoint, uerr := p.usageEndpoint(m.o.getenv); err == nil && uerr != nil {
@@ -336,7 +332,7 @@ func (m *maintainer) readUsage(ctx context.Context, s *passSub) {
 	} else if err == nil {
 		h := http.Header{}
 		setProviderHeaders(h, p, upstreamCredential{cred.APIKey, g.AccessToken, g.AccountID}, nil, false)
-		h.Del("Content-Type")
+		h.Del("Content-Type") // a GET has no body
 		status, body, cerr := callEndpoint(ctx, m.o.client, http.MethodGet, endpoint, nil, h)
 		if cerr == nil && status/100 == 2 {
 			ws, cerr = p.readUsage(body, m.o.now())
