@@ -513,9 +513,8 @@ func (g *replayGuard) check(client, agent string, h http.Header, body rawObject,
 	}
 	g.mu.Unlock()
 	if e != nil {
-		at := e.until.Add(-g.window) // when it was refused
 		refusal = refuse(e.code, "this request repeats one refused at %s after a provider call (%s); the same request is refused without a provider call until %s (BRAMA_REPLAY_GUARD_SECS)",
-			at.UTC().Format(time.RFC3339), strings.TrimSuffix(e.code+": "+e.message, ": "), e.until.UTC().Format(time.RFC3339))
+			e.until.Add(-g.window).UTC().Format(time.RFC3339), strings.TrimSuffix(e.code+": "+e.message, ": "), e.until.UTC().Format(time.RFC3339))
 		refusal.Retryable = false
 		refusal.withStatus(e.status).because(errReplayRefused).withAttempts(0)
 	}

@@ -129,11 +129,10 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 	m.o.log.Info("maintenance_pass_started", "reason", t.reason, "agent_id", agent)
 	rep := m.passOnce(ctx, agent)
 	m.mu.Lock()
-	m.running = false
+	m.running, m.lastOK, m.lastAt = false, rep.OK, [2]time.Time{now, m.o.now()}
 	if missed := m.o.ledger.nextDue(now, fold.retire); !missed.IsZero() && !missed.After(m.o.now()) {
 		m.want("", "due") // it passed during the pass
 	}
-	m.lastOK, m.lastAt = rep.OK, [2]time.Time{now, m.o.now()}
 	m.mu.Unlock()
 	if m.testingOnlyPassDone != nil {
 		m.testingOnlyPassDone(t.reason, now, rep)
