@@ -326,9 +326,8 @@ func (m *maintainer) readUsage(ctx context.Context, s *passSub) {
 	}
 	p, _ := lookupProvider(provider)
 	g, ws := cmp.Or(cred.OAuth, &oauthGrant{}), []planWindow(nil)
-	if endpoint, uerr := p.usageEndpoint(m.o.getenv); err == nil && uerr != nil {
-		err = uerr
-	} else if err == nil {
+	endpoint, uerr := p.usageEndpoint(m.o.getenv)
+	if err = cmp.Or(err, uerr); err == nil {
 		h := http.Header{}
 		setProviderHeaders(h, p, upstreamCredential{cred.APIKey, g.AccessToken, g.AccountID}, nil, false)
 		h.Del("Content-Type") // a GET has no body
