@@ -100,8 +100,8 @@ func (e *engine) plan(cl client, req *chatRequest) (call, error) {
 	return call{res: res, cred: upstreamCredential{APIKey: key}}, err
 }
 
-// planChat is plan plus a chat call's output limit (SPEC §6.4), the routes a call may take (a selector's candidates,
-// else c's), and the translation parse if one crosses formats.
+// planChat is plan plus a chat call's output limit (SPEC §6.4), a selector's candidates, and the translation parse if a
+// call crosses formats.
 func (e *engine) planChat(cl client, req *callerRequest) (c call, cands []resolution, err error) {
 	if c, err = e.plan(cl, &req.head); err != nil {
 		return c, nil, err
@@ -115,12 +115,14 @@ func (e *engine) planChat(cl client, req *callerRequest) (c call, cands []resolu
 			return c, nil, refuse("forbidden", "this client may not use model %q (named in models)", "openrouter/"+names[i])
 		}
 	}
-	if cands = []resolution{c.res}; c.res.Mode == modeDirect || c.res.Mode == modeAlias || c.res.Mode == modeSubscription {
+	targets := []resolution{c.res}
+	if c.res.Mode == modeDirect || c.res.Mode == modeAlias || c.res.Mode == modeSubscription {
 		err = e.applyMaxTokens(&req.head, c.res)
 	} else {
 		cands, err = e.candidates(c.res)
+		targets = cands
 	}
-	if err == nil && slices.ContainsFunc(cands, func(t resolution) bool { return req.translates(t.Provider) }) {
+	if err == nil && slices.ContainsFunc(targets, func(t resolution) bool { return req.translates(t.Provider) }) {
 		req.neutral = new(chatRequest) // the whole body parsed once, at plan time
 		*req.neutral, err = formatOf(req.dialect).parse(req)
 	}
