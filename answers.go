@@ -54,13 +54,12 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 				sa.do(func() { sa.finish(failure) })
 				e.log.Warn("stream_failed_after_commit", "request_id", e.t.requestID, "code", failure.Code, "cause", redact(fmt.Sprint(failure.Err), c.cred.bearer()))
 			}
-			return u, failure, true
 		case pass:
 			u, failure = relayBuffered(w, c, resp, attempts, nil)
-			return u, failure, false
+		default:
+			u, failure = relayBuffered(w, c, resp, attempts, &callerStream{frames: formatOf(req.dialect).frames, req: tr, model: model})
 		}
-		u, failure = relayBuffered(w, c, resp, attempts, &callerStream{frames: formatOf(req.dialect).frames, req: tr, model: model})
-		return u, failure, false
+		return u, failure, req.head.Stream
 	}
 	kinds := map[string]budget{modeDirect: budgets.direct, modeAlias: budgets.direct, modeSubscription: budgets.subscription}
 	j := &job{budget: cmp.Or(kinds[c.res.Mode], budgets.selector), build: buildChatRequest, commit: deliver}

@@ -211,7 +211,7 @@ candidates:
 				return ae
 			}
 			made := e.t.attempts
-			resp, ref, failure := e.send(hr, c, sub)
+			resp, ref := e.send(hr, c, sub)
 			if resp != nil {
 				return e.commit(ctx, j, c, creq, sub, resp, start)
 			}
@@ -219,7 +219,7 @@ candidates:
 				e.ledger.recordUse(sub.ID, p.id, false, 0, 0)
 			}
 			switch {
-			case ref == nil || !j.rotate && j.pool == nil: // a transport failure or cut body is potentially billable
+			case ref.class == "" || !j.rotate && j.pool == nil: // a transport failure or cut body is potentially billable
 			case ref.class == refusalAuth: // the probe's is recorded, not retried
 				e.auth = true
 				// What a sign-in or refresh put in the vault meanwhile gets the next call, marked nothing (SPEC §10.3, §11.1).
@@ -245,7 +245,7 @@ candidates:
 				e.note(res.Route, "refused the request: "+ref.sentence)
 				continue
 			}
-			return e.settle(ctx, j, c, start, usage{}, failure.withAttempts(e.t.attempts))
+			return e.settle(ctx, j, c, start, usage{}, ref.err.withAttempts(e.t.attempts))
 		}
 		if e.t.attempts > before && j.spends { // calls all refused count as one failure of the route (SPEC §13)
 			e.perf.record(res.Route, false, e.now().Sub(begin), 0)
@@ -301,34 +301,33 @@ func (e *engine) exhausted(res resolution, tried bool, unfit *apiError) *apiErro
 // testingOnlyBeforeCall runs as send starts a call (nil in production).
 var testingOnlyBeforeCall func(context.Context)
 
-// send makes one provider call, the one place an attempt is counted: a 2xx with its body unread, else the failure (and a
-// whole non-2xx's refusal); plan windows reach sub's ledger from every answer (SPEC §6.3).
-func (e *engine) send(hr *http.Request, c call, sub *overlayItem) (*http.Response, *providerRefusal, *apiError) {
+// send makes one provider call, the one place an attempt is counted: a 2xx with its body unread, else the failure (a whole
+// non-2xx's classified, else of no class); plan windows reach sub's ledger from every answer (SPEC §6.3).
+func (e *engine) send(hr *http.Request, c call, sub *overlayItem) (*http.Response, providerRefusal) {
 	p := c.res.Provider
 	if testingOnlyBeforeCall != nil {
 		testingOnlyBeforeCall(hr.Context())
 	}
 	if err := hr.Context().Err(); err != nil { // the caller hung up since the last call: none is sent
-		return nil, nil, classifyTransport(err)
+		return nil, providerRefusal{err: classifyTransport(err)}
 	}
 	e.t.attempts++
 	e.attempts.Add(1)
 	resp, err := e.client.Do(hr)
 	if err != nil {
-		return nil, nil, classifyTransport(err)
+		return nil, providerRefusal{err: classifyTransport(err)}
 	} else if sub != nil {
 		e.ledger.recordWindows(sub.ID, p.id, parsePlanWindows(p.id, resp.Header, e.now()))
 	}
 	if resp.StatusCode/100 == 2 {
-		return resp, nil, nil
+		return resp, providerRefusal{}
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return nil, nil, refuse("provider_incomplete", "provider %q answered %d and its body was cut after %d bytes", p.id, resp.StatusCode, len(body)).because(err)
+		return nil, providerRefusal{err: refuse("provider_incomplete", "provider %q answered %d and its body was cut after %d bytes", p.id, resp.StatusCode, len(body)).because(err)}
 	}
-	ref := classifyRefusal(p.id, resp.StatusCode, resp.Header, body, c.cred.bearer(), e.now())
-	return nil, &ref, ref.err
+	return nil, classifyRefusal(p.id, resp.StatusCode, resp.Header, body, c.cred.bearer(), e.now())
 }
 
 // commit answers from a committed call, never retried (SPEC §7.5), and keeps sub's ledger: spend, a success's pin until
