@@ -310,14 +310,15 @@ func (a *answerStore) reserve(c signedCall) (*answerRecord, error) {
 	case c.stream:
 		return nil, refuse("invalid_request", "Idempotency-Key keeps one buffered answer; it cannot be used with stream: true")
 	}
-	key, err := readAnswerKey(a.st, true)
-	path := filepath.Join(a.st.dir, "answers", c.client, hexSHA256([]byte(c.keys[0]))+".json") // the clients file holds c.client to idPattern
-	for _, d := range []string{filepath.Dir(filepath.Dir(path)), filepath.Dir(path)} {         // never a planted symlink
+	// A client id names a directory: the clients file's validation holds it to idPattern.
+	path, err := a.st.path("signed answers", filepath.Join("answers", c.client, hexSHA256([]byte(c.keys[0]))+".json"))
+	for _, d := range []string{filepath.Dir(filepath.Dir(path)), filepath.Dir(path)} { // never a planted symlink
 		if fi, lerr := os.Lstat(d); err == nil && lerr == nil && !fi.IsDir() {
 			err = fmt.Errorf("%s is a symlink or not a directory", d)
 		}
 	}
-	if errors.Is(err, errNoState) { // SPEC §2.1: no place, and the home's cause
+	key, kerr := readAnswerKey(a.st, true)
+	if err = cmp.Or(err, kerr); errors.Is(err, errNoState) { // SPEC §2.1: no place, and the home's cause
 		err = a.st.cause
 	}
 	if err != nil {
