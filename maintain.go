@@ -106,13 +106,12 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 		m.arm(time.Time{}, now)
 		m.want("", "due")
 	}
-	agent := ""
-	for a := range m.asked {
-		if agent = a; a == "" {
-			break
+	agent, t := "", m.asked[""] // a pass over everyone first
+	for a, at := range m.asked {
+		if t == nil {
+			agent, t = a, at
 		}
 	}
-	t := m.asked[agent]
 	if t == nil {
 		if m.timer == nil || !due.Equal(m.timerAt) {
 			m.arm(due, now)
