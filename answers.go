@@ -77,8 +77,7 @@ func (e *engine) serveModelCall(ctx context.Context, w http.ResponseWriter, req 
 	p := c.res.Provider
 	j := &job{budget: budgets.countTokens, build: func(ctx context.Context, c call, req *callerRequest) (*http.Request, error) {
 		return req.passthrough(ctx, c, "/v1/messages/count_tokens", false)
-	}}
-	j.commit = func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (u usage, ae *apiError, _ bool) {
+	}, commit: func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (u usage, ae *apiError, _ bool) {
 		w.Header().Set("Brama-Route", c.res.Route)
 		if embed != nil { // a JSON object as received, else provider_failure
 			u, ae = relayBuffered(w, c, resp, e.t.attempts, nil)
@@ -95,7 +94,7 @@ func (e *engine) serveModelCall(ctx context.Context, w http.ResponseWriter, req 
 		providerFacts(w.Header(), resp.Header, true)
 		writeAnswer(w, "application/json", e.t.attempts, fmt.Appendf(nil, "{\"input_tokens\":%d}\n", *ans.InputTokens))
 		return u, nil, false
-	}
+	}}
 	switch {
 	case embed != nil && c.res.Mode != modeDirect && c.res.Mode != modeAlias:
 		return refuse("invalid_request", "embeddings take a direct or alias route; %q is paid by a subscription", req.head.Model)
