@@ -499,8 +499,7 @@ func (g *replayGuard) check(client, agent string, h http.Header, body rawObject,
 	if g.window <= 0 {
 		return nil, nil
 	}
-	// scope is what reaches a provider beside the body: route, key fingerprint (SPEC §17), agent, version headers (§6.2).
-	scope := func() string {
+	scope := func() string { // what reaches a provider beside the body: route, key fingerprint (§17), agent, version headers (§6.2)
 		return fmt.Sprintf("%q", [][]string{{agent, c.res.Route, c.res.BaseURL, hexSHA256([]byte(c.cred.APIKey))},
 			h.Values("anthropic-version"), h.Values("anthropic-beta"), h.Values("openai-beta")})
 	}

@@ -222,8 +222,7 @@ candidates:
 			case ref.class == "" || !j.rotate && j.pool == nil: // a transport failure or cut body is potentially billable
 			case ref.class == refusalAuth: // the probe's is recorded, not retried
 				e.auth = true
-				// What a sign-in or refresh put in the vault meanwhile gets the next call, marked nothing (SPEC §10.3, §11.1).
-				vc, err := e.inv.credential(sub.ID)
+				vc, err := e.inv.credential(sub.ID) // what a sign-in or refresh put in the vault meanwhile gets the next call, marked nothing (SPEC §10.3, §11.1)
 				kept := err != nil || cmp.Or(cmp.Or(vc.OAuth, &oauthGrant{}).AccessToken, vc.APIKey) == c.cred.bearer()
 				if (!j.rotate || c.cred.AccessToken == "" || slices.Contains(e.refreshed, sub.ID)) && kept {
 					e.ledger.setCredential(sub.ID, p.id, credNeedsReauth, cmp.Or(ref.sentence, ref.err.Message))
