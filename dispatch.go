@@ -174,13 +174,12 @@ candidates:
 				continue
 			}
 			if j.selects {
-				limited := *req
-				if err = e.applyMaxTokens(&limited.head, res); err != nil {
+				creq = ptrTo(*req) // its own output limit
+				if err = e.applyMaxTokens(&creq.head, res); err != nil {
 					unfit = asAPIError(err)
 					e.note(res.Route, "skipped: "+unfit.Message)
 					continue
 				}
-				creq = &limited
 			}
 		}
 		if cand.baseURL = res.BaseURL; cand.baseURL == "" { // a deployment's is its own, else the provider's
