@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"maps"
 	"net/http"
@@ -18,7 +17,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -36,14 +34,11 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 		p, attempts, model := c.res.Provider, e.t.attempts, cmp.Or(e.route, req.head.Model)
 		e.t.route = c.res.Route
 		pass, tr := !req.translates(p), chatRequest{}
-		if !pass {
-			tr = *req.sent
-			if len(tr.Dropped) > 0 { // SPEC §7.6: nothing is dropped silently
-				w.Header().Set("Brama-Dropped", headerText(strings.Join(tr.Dropped, ", ")))
-				e.t.dropped = tr.Dropped
-			}
-		} else {
+		if pass {
 			model = c.res.Model // a passthrough stream names the provider's model
+		} else if tr = *req.sent; len(tr.Dropped) > 0 { // SPEC §7.6: nothing is dropped silently
+			w.Header().Set("Brama-Dropped", headerText(strings.Join(tr.Dropped, ", ")))
+			e.t.dropped = tr.Dropped
 		}
 		switch {
 		case req.head.Stream:
@@ -59,13 +54,12 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 				sa.do(func() { sa.finish(failure) })
 				e.log.Warn("stream_failed_after_commit", "request_id", e.t.requestID, "code", failure.Code, "cause", redact(fmt.Sprint(failure.Err), c.cred.bearer()))
 			}
-			return u, failure, true
 		case pass:
 			u, failure = relayBuffered(w, c, resp, attempts, nil)
-			return u, failure, false
+		default:
+			u, failure = relayBuffered(w, c, resp, attempts, &callerStream{frames: formatOf(req.dialect).frames, req: tr, model: model})
 		}
-		u, failure = relayBuffered(w, c, resp, attempts, &callerStream{frames: formatOf(req.dialect).frames, req: tr, model: model})
-		return u, failure, false
+		return u, failure, req.head.Stream
 	}
 	kinds := map[string]budget{modeDirect: budgets.direct, modeAlias: budgets.direct, modeSubscription: budgets.subscription}
 	j := &job{budget: cmp.Or(kinds[c.res.Mode], budgets.selector), build: buildChatRequest, commit: deliver}
@@ -83,8 +77,7 @@ func (e *engine) serveModelCall(ctx context.Context, w http.ResponseWriter, req 
 	p := c.res.Provider
 	j := &job{budget: budgets.countTokens, build: func(ctx context.Context, c call, req *callerRequest) (*http.Request, error) {
 		return req.passthrough(ctx, c, "/v1/messages/count_tokens", false)
-	}}
-	j.commit = func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (u usage, ae *apiError, _ bool) {
+	}, commit: func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (u usage, ae *apiError, _ bool) {
 		w.Header().Set("Brama-Route", c.res.Route)
 		if embed != nil { // a JSON object as received, else provider_failure
 			u, ae = relayBuffered(w, c, resp, e.t.attempts, nil)
@@ -101,7 +94,7 @@ func (e *engine) serveModelCall(ctx context.Context, w http.ResponseWriter, req 
 		providerFacts(w.Header(), resp.Header, true)
 		writeAnswer(w, "application/json", e.t.attempts, fmt.Appendf(nil, "{\"input_tokens\":%d}\n", *ans.InputTokens))
 		return u, nil, false
-	}
+	}}
 	switch {
 	case embed != nil && c.res.Mode != modeDirect && c.res.Mode != modeAlias:
 		return refuse("invalid_request", "embeddings take a direct or alias route; %q is paid by a subscription", req.head.Model)
@@ -131,13 +124,13 @@ const (
 	answerInProgress = "in_progress" // record states (SPEC §12 item 4)
 	answerComplete   = "complete"
 	abandonedMessage = "this answer's process stopped before it was kept; a provider call may have been made" // SPEC §12 item 2
+	unplaced         = "this request's one signed answer has no place to be kept: %v"                         // SPEC §2.1
 )
 
 var (
-	errAnswerCorrupt     = errors.New("not a kept answer")  // wraps every decode error: not SPEC §12's shape
-	errSignatureMismatch = errors.New("signature mismatch") // `brama answers verify`'s refusal
-	// errServerShutdown is serve's second signal: the requests it cancels keep item 2's refusal.
-	errServerShutdown = errors.New("the server is shutting down")
+	errAnswerCorrupt     = errors.New("not a kept answer")           // wraps every decode error: not SPEC §12's shape
+	errSignatureMismatch = errors.New("signature mismatch")          // `brama answers verify`'s refusal
+	errServerShutdown    = errors.New("the server is shutting down") // serve's second signal: what it cancels keeps item 2's refusal
 )
 
 // answerRecord is one kept-answer file (SPEC §12); in progress, the members only completion knows are null. Reserved by
@@ -212,7 +205,7 @@ func readAnswerKey(st state, create bool) (key []byte, err error) {
 	}
 	if fresh := make([]byte, 32); create && errors.Is(err, errFileAbsent) {
 		rand.Read(fresh)
-		if err = publishFile(name, fresh); err == nil || errors.Is(err, fs.ErrExist) {
+		if err = publishFile(name, fresh); err == nil || errors.Is(err, os.ErrExist) {
 			return readAnswerKey(st, false)
 		}
 	}
@@ -232,14 +225,6 @@ type answerStore struct {
 
 func newAnswerStore(st state, log *slog.Logger, now func() time.Time) *answerStore {
 	return &answerStore{sys: sys{log: log, now: now}, st: st, bootID: rand.Text()}
-}
-
-// unplaced is SPEC §2.1's refusal when an answer cannot be kept.
-func (a *answerStore) unplaced(cause error) *apiError {
-	if errors.Is(cause, errNoState) {
-		cause = a.st.cause
-	}
-	return refuse("internal_error", "this request's one signed answer has no place to be kept: %v", cause).because(cause)
 }
 
 // signedCall is a chat request carrying an Idempotency-Key as the store sees it.
@@ -264,7 +249,7 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 		var env envelope
 		if json.Unmarshal(t.Body, &env) == nil && env.Error.Code != "" {
 			c.t.outcome, c.t.retryable = env.Error.Code, env.Error.Retryable
-			h.Set("X-Should-Retry", strconv.FormatBool(env.Error.Retryable)) // SPEC §8.1
+			h.Set("X-Should-Retry", fmt.Sprint(env.Error.Retryable)) // SPEC §8.1
 		}
 		maps.Copy(h, http.Header{"Brama-Answer-Signature": {*t.Signature}, "Brama-Answer-Replayed": {"true"},
 			"Brama-Attempts": {"0"}, "Content-Type": {"application/json"}})
@@ -276,29 +261,28 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 		return true, nil
 	}
 	rec, panicked := &httptest.ResponseRecorder{HeaderMap: http.Header{}, Body: new(bytes.Buffer)}, true // Code 0 until written
-	// Deferred, so that after a panic too the key is kept or released; the panic goes on (the connection is lost anyway).
+	// After a panic too the key is kept or released; the panic goes on (the connection is lost anyway).
 	defer func() {
 		calls, dispatched := c.t.attempts, c.t.attempts > 0 || rec.HeaderMap.Get("Brama-Attempts") != ""
-		var cut *apiError
+		cut := func(ae *apiError) {
+			rec = httptest.NewRecorder()
+			writeAPIError(rec, c.req, ae.withAttempts(calls))
+			c.t.outcome, c.t.retryable = ae.Code, false
+		}
 		t.Route = cmp.Or(rec.HeaderMap.Get("Brama-Route"), t.Route) // a selector's: the candidate that answered
 		switch {
 		case rec.Code/100 == 2 && !panicked:
 		case calls > 0 && panicked:
-			cut = refuse("internal_error", "the answer failed inside Brama after a provider call started")
+			cut(refuse("internal_error", "the answer failed inside Brama after a provider call started"))
 		case calls > 0 && context.Cause(ctx) == errServerShutdown: // a stopped process's answer (item 2)
-			cut = refuse("internal_error", abandonedMessage)
+			cut(refuse("internal_error", abandonedMessage))
 		case calls > 0 && ctx.Err() != nil:
-			cut = refuse("client_cancelled", "the caller hung up after a provider call started")
+			cut(refuse("client_cancelled", "the caller hung up after a provider call started"))
 		case panicked, ctx.Err() != nil, rec.HeaderMap.Get("X-Should-Retry") == "true", !dispatched: // released
 			if err := errors.Join(os.Remove(t.path), syncDir(filepath.Dir(t.path))); err != nil {
 				a.log.Error("answer_release_failed", "request_id", c.t.requestID, "err", err)
 			}
 			t = nil
-		}
-		if cut != nil {
-			rec = httptest.NewRecorder()
-			writeAPIError(rec, c.req, cut.withAttempts(calls))
-			c.t.outcome, c.t.retryable = cut.Code, false
 		}
 		if err := a.keep(t, rec, &calls); err != nil { // paid for: given unsigned rather than lost
 			a.log.Error("answer_unkept", "request_id", c.t.requestID, "err", err)
@@ -334,8 +318,11 @@ func (a *answerStore) reserve(c signedCall) (*answerRecord, error) {
 		}
 	}
 	key, kerr := readAnswerKey(a.st, true)
-	if err = cmp.Or(err, kerr); err != nil {
-		return nil, a.unplaced(err)
+	if err = cmp.Or(err, kerr); errors.Is(err, errNoState) { // SPEC §2.1: no place, and the home's cause
+		err = a.st.cause
+	}
+	if err != nil {
+		return nil, refuse("internal_error", unplaced, err).because(err)
 	}
 	t := &answerRecord{SchemaVersion: 1, State: answerInProgress, BootID: a.bootID, Client: c.client,
 		KeySHA256: hexSHA256([]byte(c.keys[0])), RequestSHA256: hexSHA256(c.body),
@@ -345,8 +332,8 @@ func (a *answerStore) reserve(c signedCall) (*answerRecord, error) {
 	for range 3 {
 		if err := publishFile(path, data); err == nil {
 			return t, nil
-		} else if !errors.Is(err, fs.ErrExist) {
-			return nil, a.unplaced(err)
+		} else if !errors.Is(err, os.ErrExist) {
+			return nil, refuse("internal_error", unplaced, err).because(err)
 		}
 		rec, err := readAnswerFile(path)
 		if errors.Is(err, errFileAbsent) {
@@ -408,15 +395,13 @@ func (a *answerStore) keep(t *answerRecord, w *httptest.ResponseRecorder, attemp
 	return nil
 }
 
-// The replay guard (SPEC §8.1, §17): the same request after a refusal that followed a provider call is refused again,
-// without a call, until the window ends or the operator's fix.
-
 const maxReplayMessage = 256 // message bytes a replay entry keeps: 10,000 entries stay a few MB
 
 var errReplayRefused = errors.New("replay guard: the same request was refused after a provider call") // the log's cause
 
-// replayGuard remembers refusals after a provider call, in memory (SPEC §8.1: the Codex CLI and the official SDKs re-send a
-// refused request, each maybe billed again). Every entry lives one window, so queue is in expiry order.
+// replayGuard refuses again, without a call, a request refused after a provider call (SPEC §8.1, §17: the Codex CLI and the
+// official SDKs re-send a refused request, each maybe billed again), until its window ends or the operator's fix. In memory;
+// every entry lives one window, so queue is in expiry order.
 type replayGuard struct {
 	window  time.Duration // 0: off
 	now     func() time.Time
@@ -448,12 +433,9 @@ func newReplayGuard(getenv func(string) string, log *slog.Logger, now func() tim
 
 // replayLeftOut is what a digest leaves out, strict and loose: stream members (SPEC §17: a buffered fallback from a failed
 // stream asks the same request), client_metadata (digested apart in key order: the Codex CLI re-sends it from a hash map),
-// and for the loose key the output limit (Claude Code's fallback asks 64000 of 128000).
-var replayLeftOut = map[bool][]memberEdit{
-	false: {{key: "stream"}, {key: "stream_options"}, {key: "client_metadata"}},
-	true: {{key: "stream"}, {key: "stream_options"}, {key: "client_metadata"},
-		{key: "max_tokens"}, {key: "max_completion_tokens"}, {key: "max_output_tokens"}},
-}
+// and for the loose key (all six) the output limit (Claude Code's fallback asks 64000 of 128000).
+var replayLeftOut = []memberEdit{{key: "stream"}, {key: "stream_options"}, {key: "client_metadata"},
+	{key: "max_tokens"}, {key: "max_completion_tokens"}, {key: "max_output_tokens"}}
 
 // replayKeyOf digests client, scope and the body's bytes but replayLeftOut: no generic decode, so the cost is the body's.
 func replayKeyOf(clientID, scope string, body rawObject, loose bool) [sha256.Size]byte {
@@ -469,7 +451,7 @@ func replayKeyOf(clientID, scope string, body rawObject, loose bool) [sha256.Siz
 	} else {
 		h.Write(meta) // not an object: its bytes as they are
 	}
-	body.writeEdited(h, replayLeftOut[loose]...)
+	body.writeEdited(h, replayLeftOut[:3+3*boolCount(loose)]...)
 	return [sha256.Size]byte(h.Sum(nil))
 }
 
@@ -518,28 +500,22 @@ func (g *replayGuard) check(client, agent string, h http.Header, body rawObject,
 	if g.window <= 0 {
 		return nil, nil
 	}
-	// scope is what reaches a provider beside the body: route, key fingerprint (SPEC §17), agent, version headers (§6.2).
-	scope := func() string {
-		fingerprint := fmt.Sprintf("%x", sha256.Sum256([]byte(c.cred.APIKey)))
-		return fmt.Sprintf("%q", [][]string{{agent, c.res.Route, c.res.BaseURL, fingerprint},
+	scope := func() string { // what reaches a provider beside the body: route, key fingerprint (§17), agent, version headers (§6.2)
+		return fmt.Sprintf("%q", [][]string{{agent, c.res.Route, c.res.BaseURL, hexSHA256([]byte(c.cred.APIKey))},
 			h.Values("anthropic-version"), h.Values("anthropic-beta"), h.Values("openai-beta")})
 	}
 	g.lock()
-	held := g.held[client] > 0
-	g.mu.Unlock()
-	if held {
+	var e *replayEntry
+	if g.held[client] > 0 {
 		s := scope()
-		strict, loose := replayKeyOf(client, s, body, false), replayKeyOf(client, s, body, true)
-		g.lock()
-		e := cmp.Or(g.refused[strict], g.refused[loose])
-		g.mu.Unlock()
-		if e != nil {
-			at := e.until.Add(-g.window) // when it was refused
-			refusal = refuse(e.code, "this request repeats one refused at %s after a provider call (%s); the same request is refused without a provider call until %s (BRAMA_REPLAY_GUARD_SECS)",
-				at.UTC().Format(time.RFC3339), strings.TrimSuffix(e.code+": "+e.message, ": "), e.until.UTC().Format(time.RFC3339))
-			refusal.Retryable = false
-			refusal.withStatus(e.status).because(errReplayRefused).withAttempts(0)
-		}
+		e = cmp.Or(g.refused[replayKeyOf(client, s, body, false)], g.refused[replayKeyOf(client, s, body, true)])
+	}
+	g.mu.Unlock()
+	if e != nil {
+		refusal = refuse(e.code, "this request repeats one refused at %s after a provider call (%s); the same request is refused without a provider call until %s (BRAMA_REPLAY_GUARD_SECS)",
+			e.until.Add(-g.window).UTC().Format(time.RFC3339), strings.TrimSuffix(e.code+": "+e.message, ": "), e.until.UTC().Format(time.RFC3339))
+		refusal.Retryable = false
+		refusal.withStatus(e.status).because(errReplayRefused).withAttempts(0)
 	}
 	return refusal, func(ae *apiError, attempts int, hungUp, streamed bool) {
 		if attempts == 0 || hungUp || ae.Code == "client_cancelled" || ae.Code == "subscription_reauthorization_required" || ae.Retryable {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"maps"
 	"net/http"
@@ -64,8 +63,7 @@ type tally struct {
 	remember      func(ae *apiError, attempts int, hungUp, streamed bool) // the replay guard's (SPEC §8.1); nil: none
 }
 
-// job is how a request's calls are built and a committed one is answered;
-// commit's streamed says a failure was written in-band.
+// job is how a request's calls are built and a committed one answered; commit's streamed: a failure was written in-band.
 type job struct {
 	budget
 	pool   []overlayItem // the probe's one subscription; nil: the agent's eligible pool
@@ -73,8 +71,7 @@ type job struct {
 	commit func(ctx context.Context, c call, req *callerRequest, resp *http.Response) (u usage, failure *apiError, streamed bool)
 }
 
-// plan resolves a request's head and makes every check before dispatch but
-// §6.4's output limit: allowlist, model, who pays, direct key.
+// plan resolves a request's head and makes every check before dispatch but §6.4's: allowlist, model, who pays, direct key.
 func (e *engine) plan(cl client, req *chatRequest) (call, error) {
 	if !cl.mayUse(req.Model) { // SPEC §3.1
 		return call{}, refuse("forbidden", "this client may not use model %q", req.Model)
@@ -88,25 +85,23 @@ func (e *engine) plan(cl client, req *chatRequest) (call, error) {
 	if err != nil {
 		return call{}, err
 	}
-	c := call{res: res}
 	switch pool := res.Mode != modeDirect && res.Mode != modeAlias; {
 	case pool && e.agent == "":
 		err = refuse("forbidden", "this route is paid by an agent's subscriptions; use a bearer bound to an agent: brama clients add ID -agent AGENT")
 	case pool || res.Provider.cred != credDirect: // a pool, or a deployment without a key, pays
+		key = ""
 	case vaultErr != nil:
 		err = refuse("credential_unauthorized", "the vault is unreadable").because(vaultErr).withAttempts(0)
 	case key == "":
 		err = refuse("credential_unauthorized", "no direct credential for provider %q", res.Provider.id).withAttempts(0)
 	case controlAt(key) >= 0: // a vault edited by hand: net/http would refuse the header before sending, no call
 		err = refuse("credential_unauthorized", "the direct key for %q holds a control character", res.Provider.id).withAttempts(0)
-	default:
-		c.cred.APIKey = key
 	}
-	return c, err
+	return call{res: res, cred: upstreamCredential{APIKey: key}}, err
 }
 
-// planChat is plan plus a chat call's output limit (SPEC §6.4), a
-// selector's candidates, and the translation parse if a call crosses formats.
+// planChat is plan plus a chat call's output limit (SPEC §6.4), a selector's candidates, and the translation parse if a
+// call crosses formats.
 func (e *engine) planChat(cl client, req *callerRequest) (c call, cands []resolution, err error) {
 	if c, err = e.plan(cl, &req.head); err != nil {
 		return c, nil, err
@@ -134,8 +129,7 @@ func (e *engine) planChat(cl client, req *callerRequest) (c call, cands []resolu
 	return c, cands, err
 }
 
-// applyMaxTokens is SPEC §6.4's rule: the caller's limit, else the model's,
-// else none but on anthropic-messages (refused); codex never gets one.
+// applyMaxTokens is SPEC §6.4: the caller's limit, else the model's, else none but on anthropic-messages; never codex's.
 func (e *engine) applyMaxTokens(req *chatRequest, res resolution) error {
 	if req.MaxTokens != 0 || res.Provider.codex {
 		return nil
@@ -176,17 +170,16 @@ candidates:
 				}
 			}
 			if len(queue) == 0 {
-				e.note(res.Route, fmt.Sprintf("no usable %q subscription", p.id))
+				e.note(res.Route, `no usable "`+p.id+`" subscription`)
 				continue
 			}
 			if j.selects {
-				limited := *req
-				if err = e.applyMaxTokens(&limited.head, res); err != nil {
+				creq = ptrTo(*req) // its own output limit
+				if err = e.applyMaxTokens(&creq.head, res); err != nil {
 					unfit = asAPIError(err)
 					e.note(res.Route, "skipped: "+unfit.Message)
 					continue
 				}
-				creq = &limited
 			}
 		}
 		if cand.baseURL = res.BaseURL; cand.baseURL == "" { // a deployment's is its own, else the provider's
@@ -217,7 +210,7 @@ candidates:
 				return ae
 			}
 			made := e.t.attempts
-			resp, ref, failure := e.send(hr, c, sub)
+			resp, ref := e.send(hr, c, sub)
 			if resp != nil {
 				return e.commit(ctx, j, c, creq, sub, resp, start)
 			}
@@ -225,11 +218,10 @@ candidates:
 				e.ledger.recordUse(sub.ID, p.id, false, 0, 0)
 			}
 			switch {
-			case ref == nil || !j.rotate && j.pool == nil: // a transport failure or cut body is potentially billable
+			case ref.class == "" || !j.rotate && j.pool == nil: // a transport failure or cut body is potentially billable
 			case ref.class == refusalAuth: // the probe's is recorded, not retried
 				e.auth = true
-				// What a sign-in or refresh put in the vault meanwhile gets the next call, marked nothing (SPEC §10.3, §11.1).
-				vc, err := e.inv.credential(sub.ID)
+				vc, err := e.inv.credential(sub.ID) // what a sign-in or refresh put in the vault meanwhile gets the next call, marked nothing (SPEC §10.3, §11.1)
 				kept := err != nil || cmp.Or(cmp.Or(vc.OAuth, &oauthGrant{}).AccessToken, vc.APIKey) == c.cred.bearer()
 				if (!j.rotate || c.cred.AccessToken == "" || slices.Contains(e.refreshed, sub.ID)) && kept {
 					e.ledger.setCredential(sub.ID, p.id, credNeedsReauth, cmp.Or(ref.sentence, ref.err.Message))
@@ -251,7 +243,7 @@ candidates:
 				e.note(res.Route, "refused the request: "+ref.sentence)
 				continue
 			}
-			return e.settle(ctx, j, c, start, usage{}, failure.withAttempts(e.t.attempts))
+			return e.settle(ctx, j, c, start, usage{}, ref.err.withAttempts(e.t.attempts))
 		}
 		if e.t.attempts > before && j.spends { // calls all refused count as one failure of the route (SPEC §13)
 			e.perf.record(res.Route, false, e.now().Sub(begin), 0)
@@ -269,8 +261,7 @@ func (e *engine) note(who, reason string) {
 	e.reasons = append(e.reasons, who+": "+reason)
 }
 
-// exhausted is the one refusal of a walk without an answer (SPEC §7.2.5):
-// after calls, chosen from what they met; with none, from why not.
+// exhausted is a walk's one refusal without an answer (SPEC §7.2.5): after calls, from what they met; else from why not.
 func (e *engine) exhausted(res resolution, tried bool, unfit *apiError) *apiError {
 	n, list, route := e.t.attempts, strings.Join(e.reasons, "; "), cmp.Or(res.Route, res.Mode)
 	var ae *apiError
@@ -279,9 +270,8 @@ func (e *engine) exhausted(res resolution, tried bool, unfit *apiError) *apiErro
 		return unfit
 	case !tried: // a sign-in when no subscription of the route's provider (of a selector's: any, pool("")) is active
 		items, err := e.inv.pool(e.agent, res.Provider.id)
-		active := func(it overlayItem) bool { return e.ledger.entry(it.ID).Credential.State == credActive }
 		ae = refuse("credential_unauthorized", "no subscription of agent %q can serve %s", e.agent, route)
-		if err == nil && len(items) > 0 && !slices.ContainsFunc(items, active) {
+		if err == nil && len(items) > 0 && !slices.ContainsFunc(items, func(it overlayItem) bool { return e.ledger.entry(it.ID).Credential.State == credActive }) {
 			ae = refuse("subscription_reauthorization_required", "no subscription of agent %q for %s is active; sign in again",
 				e.agent, route)
 		}
@@ -309,34 +299,33 @@ func (e *engine) exhausted(res resolution, tried bool, unfit *apiError) *apiErro
 // testingOnlyBeforeCall runs as send starts a call (nil in production).
 var testingOnlyBeforeCall func(context.Context)
 
-// send makes one provider call, the one place an attempt is counted: a 2xx with its body unread, else the failure (and a
-// whole non-2xx's refusal); plan windows reach sub's ledger from every answer (SPEC §6.3).
-func (e *engine) send(hr *http.Request, c call, sub *overlayItem) (*http.Response, *providerRefusal, *apiError) {
+// send makes one provider call, the one place an attempt is counted: a 2xx with its body unread, else the failure (a whole
+// non-2xx's classified, else of no class); plan windows reach sub's ledger from every answer (SPEC §6.3).
+func (e *engine) send(hr *http.Request, c call, sub *overlayItem) (*http.Response, providerRefusal) {
 	p := c.res.Provider
 	if testingOnlyBeforeCall != nil {
 		testingOnlyBeforeCall(hr.Context())
 	}
 	if err := hr.Context().Err(); err != nil { // the caller hung up since the last call: none is sent
-		return nil, nil, classifyTransport(err)
+		return nil, providerRefusal{err: classifyTransport(err)}
 	}
 	e.t.attempts++
 	e.attempts.Add(1)
 	resp, err := e.client.Do(hr)
 	if err != nil {
-		return nil, nil, classifyTransport(err)
+		return nil, providerRefusal{err: classifyTransport(err)}
 	} else if sub != nil {
 		e.ledger.recordWindows(sub.ID, p.id, parsePlanWindows(p.id, resp.Header, e.now()))
 	}
 	if resp.StatusCode/100 == 2 {
-		return resp, nil, nil
+		return resp, providerRefusal{}
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return nil, nil, refuse("provider_incomplete", "provider %q answered %d and its body was cut after %d bytes", p.id, resp.StatusCode, len(body)).because(err)
+		return nil, providerRefusal{err: refuse("provider_incomplete", "provider %q answered %d and its body was cut after %d bytes", p.id, resp.StatusCode, len(body)).because(err)}
 	}
-	ref := classifyRefusal(p.id, resp.StatusCode, resp.Header, body, c.cred.bearer(), e.now())
-	return nil, &ref, ref.err
+	return nil, classifyRefusal(p.id, resp.StatusCode, resp.Header, body, c.cred.bearer(), e.now())
 }
 
 // commit answers from a committed call, never retried (SPEC §7.5), and keeps sub's ledger: spend, a success's pin until
@@ -362,8 +351,7 @@ func (e *engine) commit(ctx context.Context, j *job, c call, req *callerRequest,
 	return ae
 }
 
-// settle records a request's spend and outcome once, however it ended, and
-// returns its refusal: client_cancelled when the caller hung up (SPEC §7.4).
+// settle records a request's spend and outcome once, however it ended; a hang-up's refusal is client_cancelled (§7.4).
 func (e *engine) settle(ctx context.Context, j *job, c call, start time.Time, u usage, failure *apiError) *apiError {
 	if failure != nil && ctx.Err() != nil && failure.Code != "client_cancelled" {
 		failure = refuse("client_cancelled", "the caller went away while the provider answered").because(failure).withAttempts(e.t.attempts)
@@ -446,8 +434,7 @@ func (e *engine) eligible(provider string) ([]overlayItem, error) {
 	return pool, err
 }
 
-// errSkipSubscription: no call on this subscription; the walk noted why.
-var errSkipSubscription = errors.New("subscription skipped")
+var errSkipSubscription = errors.New("subscription skipped") // no call on it; the walk noted why
 
 // subscriptionCredential is what a call of j on sub presents, an expired grant or one whose access token was just refused
 // refreshed first (SPEC §7.2.3, §11.1). Skipped: a blocked sub when j rotates, one marked since the pool was read unless
@@ -542,7 +529,6 @@ func (c *core) directKey(provider string) (string, error) {
 	return "", nil
 }
 
-// hasDirect reports whether a direct credential exists for provider.
 func (c *core) hasDirect(provider string) bool {
 	key, _ := c.directKey(provider)
 	return key != ""

@@ -5,9 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
-	"strconv"
 	"sync"
 	"time"
 )
@@ -108,13 +106,12 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 		m.arm(time.Time{}, now)
 		m.want("", "due")
 	}
-	agent := ""
-	for a := range m.asked {
-		if agent = a; a == "" {
-			break
+	agent, t := "", m.asked[""] // a pass over everyone first
+	for a, at := range m.asked {
+		if t == nil {
+			agent, t = a, at
 		}
 	}
-	t := m.asked[agent]
 	if t == nil {
 		if m.timer == nil || !due.Equal(m.timerAt) {
 			m.arm(due, now)
@@ -122,8 +119,7 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 		m.mu.Unlock()
 		return false
 	}
-	delete(m.asked, agent)
-	if agent == "" {
+	if delete(m.asked, agent); agent == "" {
 		clear(m.asked) // a pass over everyone covers the agents' refusals
 	}
 	m.running, m.fresh[agent] = true, true
@@ -132,11 +128,10 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 	m.o.log.Info("maintenance_pass_started", "reason", t.reason, "agent_id", agent)
 	rep := m.passOnce(ctx, agent)
 	m.mu.Lock()
-	m.running = false
+	m.running, m.lastOK, m.lastAt = false, rep.OK, [2]time.Time{now, m.o.now()}
 	if missed := m.o.ledger.nextDue(now, fold.retire); !missed.IsZero() && !missed.After(m.o.now()) {
 		m.want("", "due") // it passed during the pass
 	}
-	m.lastOK, m.lastAt = rep.OK, [2]time.Time{now, m.o.now()}
 	m.mu.Unlock()
 	if m.testingOnlyPassDone != nil {
 		m.testingOnlyPassDone(t.reason, now, rep)
@@ -200,8 +195,7 @@ func (m *maintainer) changed() {
 	m.mu.Unlock()
 }
 
-// passNow answers POST /v1/admin/maintain from the next pass over everyone, started after the call (a running one may
-// predate the operator's change).
+// passNow answers POST /v1/admin/maintain from the next pass over everyone started after it (not one predating a change).
 func (m *maintainer) passNow(ctx context.Context) (passReport, error) {
 	m.mu.Lock()
 	if !m.looping {
@@ -264,8 +258,7 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) (rep passReport
 		subs = append(subs, &passSub{it: it, reportable: active && row.usage != "" && (credErr != nil || row.usageReadable(cred)),
 			oauth: active && row.tokenURL != "" && credErr == nil && cred.OAuth != nil})
 	}
-	// Reads run one at a time per provider, providers side by side (SPEC §17); refreshes side by side.
-	sideBySide(ctx, subs, func(s *passSub) string { return s.it.Provider }, m.readUsage)
+	sideBySide(ctx, subs, func(s *passSub) string { return s.it.Provider }, m.readUsage) // one at a time per provider (SPEC §17)
 	sideBySide(ctx, subs, func(s *passSub) string { return s.it.ID }, m.refreshIfDue)
 	if err == nil && ctx.Err() != nil { // what it skipped is neither read nor failed: not ok
 		err = fmt.Errorf("%w: the server is stopping, so this pass ended before its reads and refreshes", errMaintenanceStopped)
@@ -315,8 +308,8 @@ func sideBySide(ctx context.Context, subs []*passSub, key func(*passSub) string,
 	wg.Wait()
 }
 
-// readUsage reads s's due report into the ledger, nothing when ctx ended; a grant expired by the request path's rule is first
-// refreshed: s's one attempt.
+// readUsage reads s's due report into the ledger (not once ctx ended), first refreshing a grant expired by the request
+// path's rule: s's one attempt.
 func (m *maintainer) readUsage(ctx context.Context, s *passSub) {
 	id, provider := s.it.ID, s.it.Provider
 	if !s.reportable || !usageDue(m.o.ledger.entry(id), m.o.now()) {
@@ -324,22 +317,19 @@ func (m *maintainer) readUsage(ctx context.Context, s *passSub) {
 	}
 	cred, err := m.inv.credential(id)
 	if err == nil && cred.OAuth != nil && expiredForRequest(*cred.OAuth, m.o.now()) {
-		// Read with the grant it wrote, or with the one a sign-in that superseded it wrote (SPEC §11.1).
-		if err = m.refresh(ctx, s); err == nil || errors.Is(err, errRefreshSuperseded) {
+		if err = m.refresh(ctx, s); err == nil || errors.Is(err, errRefreshSuperseded) { // its grant, or a sign-in's (SPEC §11.1)
 			cred, err = m.inv.credential(id)
 		} else {
 			err = fmt.Errorf("not read: the expired grant could not be refreshed: %w", err)
 		}
 	}
-	// GET with the headers of provider's calls but their Content-Type (a GET has no body).
 	p, _ := lookupProvider(provider)
 	g, ws := cmp.Or(cred.OAuth, &oauthGrant{}), []planWindow(nil)
-	if endpoint, uerr := p.usageEndpoint(m.o.getenv); err == nil && uerr != nil {
-		err = uerr
-	} else if err == nil {
+	endpoint, uerr := p.usageEndpoint(m.o.getenv)
+	if err = cmp.Or(err, uerr); err == nil {
 		h := http.Header{}
 		setProviderHeaders(h, p, upstreamCredential{cred.APIKey, g.AccessToken, g.AccountID}, nil, false)
-		h.Del("Content-Type")
+		h.Del("Content-Type") // a GET has no body
 		status, body, cerr := callEndpoint(ctx, m.o.client, http.MethodGet, endpoint, nil, h)
 		if cerr == nil && status/100 == 2 {
 			ws, cerr = p.readUsage(body, m.o.now())
@@ -359,7 +349,7 @@ func (m *maintainer) readUsage(ctx context.Context, s *passSub) {
 	default:
 		s.read = true
 		m.o.ledger.recordWindows(id, provider, ws)
-		m.o.ledger.recordCheck(id, provider, false, true, strconv.Itoa(len(ws))+" window(s) read")
+		m.o.ledger.recordCheck(id, provider, false, true, fmt.Sprintf("%d window(s) read", len(ws)))
 		m.o.log.Info("usage_read_ok", "subscription_id", id, "provider", provider, "windows", len(ws))
 	}
 }
@@ -393,8 +383,7 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, 
 			it.ID, until.UTC().Format(time.RFC3339))
 	}
 	builtin, _ := lookupProvider(it.Provider)
-	model = cmp.Or(model, builtin.probe)
-	if model == "" {
+	if model = cmp.Or(model, builtin.probe); model == "" {
 		return nil, refuse("state_conflict", "name a model for this probe: provider %q has no built-in probe model", it.Provider)
 	}
 	res, err := resolveModel(it.Provider+"/"+model, nil, nil, nil)
@@ -412,18 +401,17 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, 
 	}
 	e.ledger.recordCheck(it.ID, res.Provider.id, true, ok, detail)
 	e.inv.invalidate() // the listing shows the probe at once (SPEC §10.2)
-	level := map[bool]slog.Level{true: slog.LevelInfo, false: slog.LevelWarn}[ok]
-	e.log.Log(ctx, level, "usage_probe_"+map[bool]string{true: "ok", false: "failed"}[ok], "request_id", e.t.requestID,
+	log := map[bool]func(string, ...any){true: e.log.Info, false: e.log.Warn}[ok]
+	log("usage_probe_"+map[bool]string{true: "ok", false: "failed"}[ok], "request_id", e.t.requestID,
 		"subscription_id", it.ID, "agent_id", e.agent, "provider", it.Provider, "route", res.Route, "detail", ledgerSentence(detail))
 	row := e.inv.row(it, false, e.now())
 	return map[string]any{"ok": true, "probe": cmp.Or(row.Probe, &ledgerCheck{}), "subscription": row}, nil
 }
 
-// ping makes the probe's and onboarding's one completion on c (SPEC §11.3), paid by pool when given; codex's encoder
-// drops the output limit (§6.2).
+// ping makes the probe's and onboarding's one completion on c (SPEC §11.3: 16 output tokens), paid by pool when given;
+// codex's encoder drops the output limit (§6.2).
 func (e *engine) ping(ctx context.Context, c call, pool []overlayItem) (u usage, ae *apiError) {
-	ping := []message{{Role: "user", Parts: []part{{Type: partText, Text: "ping"}}}}
-	req := chatRequest{Model: c.res.Route, MaxTokens: 16, Messages: ping} // SPEC §11.3's output limit
+	req := chatRequest{Model: c.res.Route, MaxTokens: 16, Messages: []message{{Role: "user", Parts: []part{{Type: partText, Text: "ping"}}}}}
 	ae = e.attemptRoute(ctx, &job{budget: budgets.probe, pool: pool,
 		build: func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
 			return buildUpstreamRequest(ctx, c, &req)
