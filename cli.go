@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"cmp"
 	"context"
-	"crypto/hmac"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -315,7 +314,7 @@ func commands() []command {
 						err = fmt.Errorf("%s: %w", p[0], err)
 					}
 				}
-				if err == nil && !hmac.Equal([]byte(signAnswer(key, rec.Body)), []byte(*rec.Signature)) {
+				if err == nil && signAnswer(key, rec.Body) != *rec.Signature { // no timing to hide: the caller reads the key
 					err = errSignatureMismatch
 				}
 				return e.say(err, "ok\n")
