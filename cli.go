@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"cmp"
 	"context"
-	"crypto/hmac"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -61,7 +60,7 @@ func commands() []command {
 		{name: "routes rm", args: "ALIAS", pos: 1, purpose: "remove an alias", example: "brama routes rm chat", run: routesCommand},
 		{name: "routes migrate", args: "[-file F] [-json]", purpose: "drop retired top-level fields, commit, print the committed document (idempotent)", example: "brama routes migrate", flags: []flagSpec{{"file", "", "registry `file` to migrate (default: the registry Brama reads)"}, {"json", false, `print {"ok":true,"file":F,"dropped":[…],"document":{…}}`}},
 			run: func(e *cliEnv, o opts, _ []string) error { // drop retired fields (SPEC §5), print what was committed
-				reg := e.deps().reg
+				reg := e.deps(e.sys()).reg
 				path, out, dropped, err := cmp.Or(o.s("file"), reg.path), []byte(nil), []string(nil), reg.pathErr
 				if o.s("file") != "" || err == nil {
 					out, dropped, err = migrateRegistry(path)
@@ -80,7 +79,7 @@ func commands() []command {
 			run: func(e *cliEnv, o opts, p []string) error {
 				tok, role := newToken(), map[bool]string{false: roleCaller, true: roleAdmin}[o.b("admin")]
 				c := client{ID: p[0], TokenSHA256: hexSHA256([]byte(tok)), Role: role, AgentID: o.s("agent"), AllowedModels: *o["allow"].(*[]string)}
-				cs := e.deps().clients
+				cs := e.deps(e.sys()).clients
 				err := e.wrote(cs.path, cs.update(func(d *clientsDoc) error { // validate refuses a second client of that id
 					d.Clients = append(d.Clients, c)
 					return nil
@@ -92,7 +91,7 @@ func commands() []command {
 			}},
 		{name: "clients rm", args: "ID", pos: 1, purpose: "remove a client", example: "brama clients rm app",
 			run: func(e *cliEnv, _ opts, p []string) error {
-				cs := e.deps().clients
+				cs := e.deps(e.sys()).clients
 				return e.wrote(cs.path, cs.update(func(d *clientsDoc) error {
 					n := len(d.Clients)
 					if d.Clients = slices.DeleteFunc(d.Clients, func(x client) bool { return x.ID == p[0] }); len(d.Clients) == n {
@@ -103,7 +102,7 @@ func commands() []command {
 			}},
 		{name: "clients list", purpose: "each client's id, role, agent and allowlist (never a token or digest)", example: "brama clients list",
 			run: func(e *cliEnv, _ opts, _ []string) error {
-				doc, err := e.deps().clients.load()
+				doc, err := e.deps(e.sys()).clients.load()
 				if errors.Is(err, errFileAbsent) {
 					doc, err = &clientsDoc{}, nil
 				}
@@ -116,19 +115,19 @@ func commands() []command {
 			}},
 		{name: "deployments add", args: "NAME -port PORT [-host H] [-model M]", pos: 1, purpose: "declare a local OpenAI-compatible server", example: "brama deployments add ollama -port 11434 -model llama3.2", flags: []flagSpec{{"host", "127.0.0.1", "the server's IPv4 loopback or 100.64.0.0/10 `address`"}, {"port", 0, "the server's `port` (required)"}, {"model", "", "the upstream `model` name (default: NAME)"}},
 			run: func(e *cliEnv, o opts, p []string) error {
-				d, reg := deployment{Name: p[0], Model: o.s("model"), Endpoint: deploymentEndpoint{Host: o.s("host"), Port: *o["port"].(*int)}}, e.deps().reg
+				d, reg := deployment{Name: p[0], Model: o.s("model"), Endpoint: deploymentEndpoint{Host: o.s("host"), Port: *o["port"].(*int)}}, e.deps(e.sys()).reg
 				_, err := reg.setDeployment(d, false)
 				return e.wrote(reg.path, err, "added deployment %s at %s; route to it: brama routes set ALIAS %s\n", d.Name, d.baseURL(), d.Name)
 			}},
 		{name: "deployments rm", args: "NAME", pos: 1, purpose: "remove a deployment (refused while an alias routes to it)", example: "brama deployments rm ollama",
 			run: func(e *cliEnv, _ opts, p []string) error {
-				reg := e.deps().reg
+				reg := e.deps(e.sys()).reg
 				_, err := reg.setDeployment(deployment{Name: p[0]}, true)
 				return e.wrote(reg.path, err, "removed deployment %s\n", p[0])
 			}},
 		{name: "deployments list", purpose: "one row per deployment: name, endpoint, model, adapters", example: "brama deployments list",
 			run: func(e *cliEnv, _ opts, _ []string) error {
-				doc, err := e.deps().reg.current()
+				doc, err := e.deps(e.sys()).reg.current()
 				return table(e.stdout, err, "NAME\tENDPOINT\tMODEL\tADAPTERS\n", func(yield func(...string)) {
 					for _, d := range doc.Deployments {
 						var names []string
@@ -145,7 +144,7 @@ func commands() []command {
 				if !ok || info.cred != credDirect {
 					return fmt.Errorf("%q is not a provider that takes a direct API key", p[0])
 				} else if key := e.line(); key != "" {
-					v := e.deps().vault
+					v := e.deps(e.sys()).vault
 					return e.wrote(v.path, v.update(func(d *vaultDoc) error {
 						d.Direct[info.id] = vaultCredential{APIKey: key}
 						return nil
@@ -155,7 +154,7 @@ func commands() []command {
 			}},
 		{name: "credentials rm", args: "PROVIDER", pos: 1, purpose: "remove a direct key from the vault", example: "brama credentials rm openai",
 			run: func(e *cliEnv, _ opts, p []string) error {
-				v := e.deps().vault
+				v := e.deps(e.sys()).vault
 				return e.wrote(v.path, v.update(func(d *vaultDoc) error {
 					if _, ok := d.Direct[p[0]]; !ok {
 						return fmt.Errorf("the vault holds no direct credential for %q", p[0])
@@ -166,7 +165,7 @@ func commands() []command {
 			}},
 		{name: "credentials list", purpose: "the providers the vault holds a direct key for (names only, never a key)", example: "brama credentials list",
 			run: func(e *cliEnv, _ opts, _ []string) error {
-				doc, err := e.deps().vault.load()
+				doc, err := e.deps(e.sys()).vault.load()
 				return table(e.stdout, err, "", func(yield func(...string)) {
 					for _, p := range slices.Sorted(maps.Keys(doc.Direct)) {
 						yield(p)
@@ -315,7 +314,7 @@ func commands() []command {
 						err = fmt.Errorf("%s: %w", p[0], err)
 					}
 				}
-				if err == nil && !hmac.Equal([]byte(signAnswer(key, rec.Body)), []byte(*rec.Signature)) {
+				if err == nil && signAnswer(key, rec.Body) != *rec.Signature { // no timing to hide: the caller reads the key
 					err = errSignatureMismatch
 				}
 				return e.say(err, "ok\n")
@@ -460,7 +459,7 @@ func table(w io.Writer, err error, header string, rows func(yield func(...string
 
 // routesCommand is routes list, set and rm: after a write each prints GET /v1/aliases (-json), or a row per alias.
 func routesCommand(e *cliEnv, o opts, p []string) error {
-	d, dest, said := e.deps(), (*string)(nil), "removed "
+	d, dest, said := e.deps(e.sys()), (*string)(nil), "removed "
 	if len(p) == 2 {
 		dest, said = &p[1], "set "
 	}

@@ -76,17 +76,6 @@ func exitCode(err error, stderr io.Writer) int {
 	return 1
 }
 
-// openDeps resolves every state file path (SPEC §2.1, §2.2); nothing is read yet.
-func openDeps(getenv func(string) string, sy sys) deps {
-	st := resolveState(getenv)
-	clients := &clientStore{stateFile: stateFile[*clientsDoc]{role: "clients file", parse: parseClients}}
-	clients.path, clients.pathErr = st.fileOrState(getenv, "BRAMA_CLIENTS_FILE", "clients file", "clients.json")
-	vpath, verr := st.fileOrState(getenv, "BRAMA_VAULT_FILE", "vault", "vault.json")
-	rpath, rerr := st.fileOrState(getenv, "BRAMA_ROUTES_FILE", registryRole, "routes.json")
-	j := newJournal(st, sy)
-	return deps{st, newVault(vpath, verr), j, newRegistry(rpath, rerr, j, sy.log), clients}
-}
-
 var testingOnlyNow func() time.Time // tests replace the serving process's clock
 
 // serve runs the daemon until ctx ends, then drains until its requests end or e.cut closes.
@@ -123,7 +112,7 @@ func serve(e *cliEnv, o opts, _ []string) error {
 		}
 	}
 	signal.Ignore(syscall.SIGPIPE) // a log reader gone (`serve 2>&1 | logger`) ends no generation: its lines are lost
-	d := openDeps(e.getenv, sy)
+	d := e.deps(sy)
 	lock, err := lockServe(d.st)
 	if err != nil {
 		return err
@@ -210,9 +199,17 @@ type cliEnv struct {
 	gateway, auth  string // a gateway command's daemon URL, and its bearer once read
 }
 
-// deps opens the state files; sys is a command's clock and JSON logger, to stderr at BRAMA_LOG_LEVEL (info, with a
-// warning, when slog cannot read it).
-func (e *cliEnv) deps() deps { return openDeps(e.getenv, e.sys()) }
+// deps resolves every state file path (SPEC §2.1, §2.2), nothing read yet, with sy's clock and logger: a command's
+// e.sys(), to stderr at BRAMA_LOG_LEVEL (info, with a warning, when slog cannot read it); serve's test clock.
+func (e *cliEnv) deps(sy sys) deps {
+	st := resolveState(e.getenv)
+	clients := &clientStore{stateFile: stateFile[*clientsDoc]{role: "clients file", parse: parseClients}}
+	clients.path, clients.pathErr = st.fileOrState(e.getenv, "BRAMA_CLIENTS_FILE", "clients file", "clients.json")
+	vpath, verr := st.fileOrState(e.getenv, "BRAMA_VAULT_FILE", "vault", "vault.json")
+	rpath, rerr := st.fileOrState(e.getenv, "BRAMA_ROUTES_FILE", registryRole, "routes.json")
+	j := newJournal(st, sy)
+	return deps{st, newVault(vpath, verr), j, newRegistry(rpath, rerr, j, sy.log), clients}
+}
 
 func (e *cliEnv) sys() sys {
 	lv, level := new(slog.Level), strings.TrimSpace(e.getenv("BRAMA_LOG_LEVEL"))
@@ -334,7 +331,7 @@ func parseOnboarding(b []byte) (*onboardProgress, error) {
 func onboard(e *cliEnv, o opts, _ []string) error {
 	model, sy := o.s("model"), e.sys()
 	// The call is planned as the daemon would, with the daemon's state files but no ledger.
-	eng := &engine{core: &core{deps: openDeps(e.getenv, sy), sys: sy, getenv: e.getenv, client: newProviderClient()}, t: &tally{}}
+	eng := &engine{core: &core{deps: e.deps(sy), sys: sy, getenv: e.getenv, client: newProviderClient()}, t: &tally{}}
 	path, pathErr := eng.st.path(onboardRole, onboardFile)
 	prog, _, err := (&stateFile[*onboardProgress]{role: onboardRole, path: path, pathErr: pathErr, parse: parseOnboarding}).read()
 	if err != nil { // a file failing the guards is refused, never overwritten
