@@ -143,14 +143,14 @@ func commands() []command {
 				info, ok := lookupProvider(p[0])
 				if !ok || info.cred != credDirect {
 					return fmt.Errorf("%q is not a provider that takes a direct API key", p[0])
-				} else if key := e.line(); key != "" {
+				} else if key := e.line(); key != "" && printable(key) {
 					v := e.deps(e.sys()).vault
 					return e.wrote(v.path, v.update(func(d *vaultDoc) error {
 						d.Direct[info.id] = vaultCredential{APIKey: key}
 						return nil
 					}), "stored the direct credential for %s in the vault\n", info.id)
 				}
-				return errors.New("no API key on stdin (an empty line)")
+				return errors.New("no API key on stdin: the first line is empty or not printable text")
 			}},
 		{name: "credentials rm", args: "PROVIDER", pos: 1, purpose: "remove a direct key from the vault", example: "brama credentials rm openai",
 			run: func(e *cliEnv, _ opts, p []string) error {

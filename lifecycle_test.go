@@ -219,6 +219,11 @@ func TestLocalCredentialsRefuseABlankKey(t *testing.T) {
 	if _, errOut, code := runCLI(t, env, "sk-vault\n", "credentials", "set", "openai"); code != 0 {
 		t.Fatalf("credentials set: %s", errOut)
 	}
+	for stdin, want := range map[string]string{"sk-a\x00b\n": "printable", "\n": "empty"} { // as credentials set refuses
+		if _, errOut, code := runCLI(t, env, stdin, "credentials", "set", "anthropic"); code != 1 || !strings.Contains(errOut, want) {
+			t.Errorf("credentials set with stdin %q: exit %d, stderr %q; want exit 1 saying %q", stdin, code, errOut, want)
+		}
+	}
 	for stdin, want := range map[string]string{`{"openai":""}`: "empty", `{"openai":"k","anthropic":" \t"}`: "empty", "null": "JSON object",
 		`{"openai":"sk-a\u0000b"}`: "printable"} {
 		ctx, cancel := context.WithCancel(context.Background())
