@@ -402,14 +402,14 @@ func parsePlanWindows(provider string, h http.Header, now time.Time) (ws []planW
 	for _, k := range anthropicWindows {
 		key := "anthropic-ratelimit-unified-" + k.header
 		if util := get(key + "-utilization"); provider == "claude-code" && util.ok {
-			ws = append(ws, newWindow(k.id, k.label, util.v, instantOf(h.Get(key+"-reset")).ms, now, windowSourceTraffic))
+			ws = append(ws, newWindow(k.id, k.label, util.v, get(key+"-reset").ms, now, windowSourceTraffic))
 		}
 	}
 	for _, which := range []string{"primary", "secondary"} {
 		key := "x-codex-" + which + "-"
 		mins := get(key + "window-minutes")
-		r := reading{UsedPercent: get(key + "used-percent"), Seconds: number{mins.v * 60, mins.ok},
-			After: get(key + "reset-after-seconds"), ResetAt: instantOf(h.Get(key + "reset-at"))}
+		r := reading{UsedPercent: get(key + "used-percent"), Seconds: number{v: mins.v * 60, ok: mins.ok},
+			After: get(key + "reset-after-seconds"), ResetAt: get(key + "reset-at")}
 		if w, ok := r.codexWindow(which, now, windowSourceTraffic); provider == "codex" && ok {
 			ws = append(ws, w)
 		}
@@ -417,22 +417,12 @@ func parsePlanWindows(provider string, h http.Header, now time.Time) (ws []planW
 	return ws
 }
 
-// reading is one window as headers or a usage report member state it, for all three providers (each reads its own members).
+// reading is one codex window as headers or the usage report's rate_limit member state it.
 type reading struct {
-	Utilization            number  // claude-code's percent
-	ResetsAt               instant `json:"resets_at"`
-	UsedPercent            number  `json:"used_percent"` // codex's percent
-	Seconds                number  `json:"limit_window_seconds"`
-	After                  number  `json:"reset_after_seconds"`
-	ResetAt                instant `json:"reset_at"`
-	Limit, Used, Remaining number  // kimi's counters
-	ResetTime              instant `json:"resetTime"`  // Kimi's name
-	ResetTimeSpec          instant `json:"reset_time"` // SPEC's
-	Detail                 *reading
-	Window                 struct {
-		Duration number
-		TimeUnit string
-	}
+	UsedPercent number `json:"used_percent"`
+	Seconds     number `json:"limit_window_seconds"`
+	After       number `json:"reset_after_seconds"`
+	ResetAt     number `json:"reset_at"`
 }
 
 // codexWindow is r as window which, if it states a percent: headers' countdown wins over reset-at, a report's reset_at over
@@ -450,46 +440,30 @@ func (r reading) codexWindow(which string, now time.Time, source string) (planWi
 	return w, r.UsedPercent.ok
 }
 
-// number is a finite number: JSON's, or a string holding one (Kimi's counters, headers); v is 0 unless ok.
+// number is a value headers or a usage report state: v is its finite number (JSON's, or a string holding one: Kimi's
+// counters, headers), 0 unless ok; ms the moment it names (SPEC §11.2: RFC 3339, epoch seconds, or epoch ms from 1e12 on,
+// as 1e12 s would be year 33658), 0 for none; set when a report states it at all, even as null.
 type number struct {
-	v  float64
-	ok bool
+	v       float64
+	ms      int64
+	ok, set bool
 }
 
 func (n *number) UnmarshalJSON(b []byte) error {
 	*n = numberOf(strings.Trim(string(b), `"`)) // a JSON number, or a string holding one
+	n.set = true
 	return nil
 }
 
 func numberOf(s string) number {
 	f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
-	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
-		return number{}
+	if err == nil && !math.IsNaN(f) && !math.IsInf(f, 0) {
+		return number{v: f, ok: true, ms: epochMs(map[bool]float64{true: f * 1000, false: f}[f < 1e12])}
 	}
-	return number{f, true}
-}
-
-// instant is a moment a report or header states (SPEC §11.2): RFC 3339, epoch seconds, or epoch ms from 1e12 on (1e12 s
-// would be year 33658); ms is 0 for none; set even when the member states none (null).
-type instant struct {
-	ms  int64
-	set bool
-}
-
-func (t *instant) UnmarshalJSON(b []byte) error {
-	*t = instant{instantOf(strings.Trim(string(b), `"`)).ms, true}
-	return nil
-}
-
-func instantOf(s string) instant {
 	if tm, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(s)); err == nil {
-		return instant{ms: epochMs(float64(tm.UnixMilli()))}
+		return number{ms: epochMs(float64(tm.UnixMilli()))}
 	}
-	n := numberOf(s)
-	if n.v < 1e12 {
-		n.v *= 1000
-	}
-	return instant{ms: epochMs(n.v)}
+	return number{}
 }
 
 // epochMs keeps epoch milliseconds after the epoch and within planMaxResetSeconds; else 0.

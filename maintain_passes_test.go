@@ -546,7 +546,7 @@ func TestUsageInstant(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			var got instant
+			var got number
 			if err := json.Unmarshal([]byte(tc.raw), &got); err != nil || got.ms != tc.want || !got.set {
 				t.Errorf("instant(%s) = %+v, %v; want %d", tc.raw, got, err, tc.want)
 			}
