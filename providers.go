@@ -39,6 +39,7 @@ type providerInfo struct {
 	beta               string    // the beta token its calls need (SPEC §6.2); on anthropic-messages only with OAuth
 	header             [2]string // a fixed header name and value its calls carry
 	codex              bool      // SPEC §6.2's codex rules: streamed, unstored, no output limit, refusals by status, account id
+	limitName          string    // the output limit its chat calls set, if not max_tokens (OpenAI's reasoning models refuse it)
 
 	tokenURL, clientID string // "" without OAuth grants; tokenURL: BRAMA_OAUTH_<ID>_TOKEN_URL overrides
 	form               bool   // the token endpoint takes a form body, not JSON
@@ -53,7 +54,7 @@ type providerInfo struct {
 
 // providerTable lists every provider Brama knows, and nothing else does.
 var providerTable = []providerInfo{
-	{id: "openai", protocol: protoOpenAIChat, cred: credDirect, baseURL: "https://api.openai.com/v1", vendor: "openai"},
+	{id: "openai", protocol: protoOpenAIChat, cred: credDirect, baseURL: "https://api.openai.com/v1", vendor: "openai", limitName: "max_completion_tokens"},
 	{id: "openai-responses", protocol: protoOpenAIResponses, cred: credDirect, baseURL: "https://api.openai.com/v1", vendor: "openai"},
 	{id: "anthropic", protocol: protoAnthropic, cred: credDirect, baseURL: "https://api.anthropic.com", vendor: "anthropic", probe: "claude-haiku-4-5"},
 	{id: "openrouter", protocol: protoOpenAIChat, cred: credDirect, baseURL: "https://openrouter.ai/api/v1", vendor: "openrouter"},
