@@ -177,18 +177,15 @@ type endpointError struct {
 }
 
 func (e *endpointError) Error() string {
-	got, cause := "no status", e.Err
+	got := "no status"
 	if e.Status != 0 {
 		got = fmt.Sprintf("HTTP %d", e.Status)
-	}
-	if ue := (*url.Error)(nil); errors.As(e.Err, &ue) { // its "Post <url>:" repeats the endpoint
-		cause = ue.Err
 	}
 	msg := fmt.Sprintf("%s %s: %s, %d bytes received", cmp.Or(e.Op, "OAuth token POST"), e.Endpoint, got, e.Received)
 	if e.Definitive {
 		return msg + ": " + e.Sentence
-	} else if cause != nil {
-		return msg + ": " + cause.Error()
+	} else if e.Err != nil {
+		return msg + ": " + e.Err.Error()
 	}
 	return msg
 }

@@ -153,14 +153,14 @@ func newProviderClient() *http.Client {
 func callEndpoint(ctx context.Context, client *http.Client, method, endpoint string, body []byte,
 	headers http.Header) (status int, b []byte, err error) {
 	req, err := http.NewRequestWithContext(ctx, method, endpoint, bytes.NewReader(body))
-	if err != nil {
-		return 0, nil, err
+	var resp *http.Response
+	if err == nil {
+		req.Header.Set("Accept", "application/json")
+		maps.Copy(req.Header, headers)
+		resp, err = client.Do(req)
 	}
-	req.Header.Set("Accept", "application/json")
-	maps.Copy(req.Header, headers)
-	resp, err := client.Do(req)
-	if err != nil {
-		return 0, nil, err
+	if err != nil { // a *url.Error's cause: its "Get <url>:" would quote the endpoint, which callers name without its query
+		return 0, nil, cmp.Or(errors.Unwrap(err), err)
 	}
 	defer resp.Body.Close()
 	b, err = io.ReadAll(resp.Body)
