@@ -272,10 +272,10 @@ func (l *ledger) blockedUntil(id string) time.Time {
 	return time.Time{}
 }
 
-// setCredential records the credential state (credActive or credNeedsReauth, callers pass constants) and cause.
-func (l *ledger) setCredential(id, provider, state, cause string) {
+// disown records a credential only a sign-in can replace (refused, or unsendable): needs_reauthorization, for cause.
+func (l *ledger) disown(id, provider, cause string) {
 	l.mutate(id, provider, true, func(e *ledgerEntry, now time.Time) {
-		e.Credential.State, e.Credential.Cause, e.Credential.RecordedAtMs = state, ledgerSentence(cause), now.UnixMilli()
+		e.Credential.State, e.Credential.Cause, e.Credential.RecordedAtMs = credNeedsReauth, ledgerSentence(cause), now.UnixMilli()
 	})
 }
 

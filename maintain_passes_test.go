@@ -59,7 +59,7 @@ func TestUsagePassReadsOnlyWhenDue(t *testing.T) {
 				t.Fatal(err)
 			}
 		}},
-		{name: "needs reauthorization", reads: 0, setup: func(id string) { fx.l.setCredential(id, "kimi", credNeedsReauth, "refused") }},
+		{name: "needs reauthorization", reads: 0, setup: func(id string) { fx.l.disown(id, "kimi", "refused") }},
 	}
 	ids := map[string]string{}
 	for i := range subs {

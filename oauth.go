@@ -122,7 +122,7 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 		case errors.Is(err, errRefreshSuperseded):
 			log.Info("credential_refresh_superseded")
 		case errors.As(err, &re) && re.Definitive:
-			o.ledger.setCredential(id, provider, credNeedsReauth, re.Sentence)
+			o.ledger.disown(id, provider, re.Sentence)
 			log.Warn("credential_refresh_refused", "endpoint", re.Endpoint, "status", re.Status, "cause", re.Sentence)
 		default:
 			log.Warn("credential_refresh_failed", "error", err.Error())
