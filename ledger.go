@@ -408,7 +408,7 @@ func parsePlanWindows(provider string, h http.Header, now time.Time) (ws []planW
 	for _, which := range []string{"primary", "secondary"} {
 		key := "x-codex-" + which + "-"
 		mins := get(key + "window-minutes")
-		r := reading{UsedPercent: get(key + "used-percent"), Seconds: number{v: mins.v * 60, ok: mins.ok},
+		r := codexReading{UsedPercent: get(key + "used-percent"), Seconds: number{v: mins.v * 60, ok: mins.ok},
 			After: get(key + "reset-after-seconds"), ResetAt: get(key + "reset-at")}
 		if w, ok := r.codexWindow(which, now, windowSourceTraffic); provider == "codex" && ok {
 			ws = append(ws, w)
@@ -417,8 +417,8 @@ func parsePlanWindows(provider string, h http.Header, now time.Time) (ws []planW
 	return ws
 }
 
-// reading is one codex window as headers or the usage report's rate_limit member state it.
-type reading struct {
+// codexReading is one codex window as headers or the usage report's rate_limit member state it.
+type codexReading struct {
 	UsedPercent number `json:"used_percent"`
 	Seconds     number `json:"limit_window_seconds"`
 	After       number `json:"reset_after_seconds"`
@@ -428,7 +428,7 @@ type reading struct {
 // codexWindow is r as window which, if it states a percent: headers' countdown wins over reset-at, a report's reset_at over
 // its countdown, whose 0 there is an untouched window's (no moment, or every pass would fall due inside itself); a window
 // the plan lacks (length 0) states no reset.
-func (r reading) codexWindow(which string, now time.Time, source string) (planWindow, bool) {
+func (r codexReading) codexWindow(which string, now time.Time, source string) (planWindow, bool) {
 	w := newWindow("codex:"+which, windowLabel(r.Seconds.v/60, which+" window"), r.UsedPercent.v/100, r.ResetAt.ms, now, source)
 	traffic, after := source == windowSourceTraffic, r.After.v
 	switch {

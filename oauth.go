@@ -177,10 +177,7 @@ type endpointError struct {
 }
 
 func (e *endpointError) Error() string {
-	got := "no status"
-	if e.Status != 0 {
-		got = fmt.Sprintf("HTTP %d", e.Status)
-	}
+	got := map[bool]string{true: "no status", false: fmt.Sprintf("HTTP %d", e.Status)}[e.Status == 0]
 	msg := fmt.Sprintf("%s %s: %s, %d bytes received", cmp.Or(e.Op, "OAuth token POST"), e.Endpoint, got, e.Received)
 	if e.Definitive {
 		return msg + ": " + e.Sentence

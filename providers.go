@@ -441,8 +441,8 @@ func (p providerInfo) readUsage(body []byte, now time.Time) (ws []planWindow, er
 		ResetsAt    number `json:"resets_at"`
 	}
 	var doc struct {
-		RateLimit map[string]reading `json:"rate_limit"` // codex's
-		Usage     kimiCounters       // kimi's
+		RateLimit map[string]codexReading `json:"rate_limit"` // codex's
+		Usage     kimiCounters            // kimi's
 		Limits    []kimiCounters
 	}
 	json.Unmarshal(body, &doc)                               // a member of another type is absent
