@@ -151,11 +151,11 @@ func (c *catalog) readLocked() {
 	}()
 }
 
-// readCatalog parses what a read of the source returned. Its errors quote neither the body, nor the path (it may lie
-// outside the state directory, and /readyz shows them) nor the URL (its query may hold a key).
+// readCatalog parses what a read of the source returned, a failure as its bare cause: its errors quote neither the body, nor
+// the path (it may lie outside the state directory, and /readyz shows them) nor the URL (its query may hold a key).
 func readCatalog(b []byte, err error) (catalogData, error) {
-	if err != nil { // a *fs.PathError or *url.Error: quote only its cause
-		return nil, fmt.Errorf("catalogue read: %w", cmp.Or(errors.Unwrap(err), err))
+	if err != nil {
+		return nil, fmt.Errorf("catalogue read: %w", err)
 	}
 	return parseCatalog(b)
 }
@@ -185,7 +185,8 @@ func (c *catalog) current() (catalogData, string) {
 	switch {
 	case c.path != "" && (due || c.data == nil && fileID != c.fileID):
 		c.fileID = fileID
-		c.settleLocked(readCatalog(os.ReadFile(c.path)))
+		b, err := os.ReadFile(c.path)
+		c.settleLocked(readCatalog(b, cmp.Or(errors.Unwrap(err), err))) // a *fs.PathError's cause: not its path
 	case c.wg != nil && !c.refreshing && due && c.ctx.Err() == nil:
 		c.readLocked()
 	}

@@ -224,7 +224,7 @@ candidates:
 				vc, err := e.inv.credential(sub.ID) // what a sign-in or refresh put in the vault meanwhile gets the next call, marked nothing (SPEC §10.3, §11.1)
 				kept := err != nil || cmp.Or(cmp.Or(vc.OAuth, &oauthGrant{}).AccessToken, vc.APIKey) == c.cred.bearer()
 				if (!j.rotate || c.cred.AccessToken == "" || slices.Contains(e.refreshed, sub.ID)) && kept {
-					e.ledger.setCredential(sub.ID, p.id, credNeedsReauth, cmp.Or(ref.sentence, ref.err.Message))
+					e.ledger.disown(sub.ID, p.id, cmp.Or(ref.sentence, ref.err.Message))
 					e.note(sub.ID, "authentication refused: "+ref.sentence)
 				} else if _, err := e.subscriptionCredential(ctx, j, *sub, c.cred.AccessToken); err == nil &&
 					e.t.attempts-before < j.calls {
@@ -483,7 +483,7 @@ func (e *engine) subscriptionCredential(ctx context.Context, j *job, sub overlay
 	}
 	if controlAt(cred.APIKey+cred.AccessToken+cred.AccountID) >= 0 {
 		const why = "the vault's credential holds a control character and cannot be sent; sign in again"
-		e.ledger.setCredential(sub.ID, sub.Provider, credNeedsReauth, why)
+		e.ledger.disown(sub.ID, sub.Provider, why)
 		e.note(sub.ID, why)
 		return upstreamCredential{}, errSkipSubscription
 	}

@@ -272,10 +272,10 @@ func (l *ledger) blockedUntil(id string) time.Time {
 	return time.Time{}
 }
 
-// setCredential records the credential state (credActive or credNeedsReauth, callers pass constants) and cause.
-func (l *ledger) setCredential(id, provider, state, cause string) {
+// disown records a credential only a sign-in can replace (refused, or unsendable): needs_reauthorization, for cause.
+func (l *ledger) disown(id, provider, cause string) {
 	l.mutate(id, provider, true, func(e *ledgerEntry, now time.Time) {
-		e.Credential.State, e.Credential.Cause, e.Credential.RecordedAtMs = state, ledgerSentence(cause), now.UnixMilli()
+		e.Credential.State, e.Credential.Cause, e.Credential.RecordedAtMs = credNeedsReauth, ledgerSentence(cause), now.UnixMilli()
 	})
 }
 
@@ -402,14 +402,14 @@ func parsePlanWindows(provider string, h http.Header, now time.Time) (ws []planW
 	for _, k := range anthropicWindows {
 		key := "anthropic-ratelimit-unified-" + k.header
 		if util := get(key + "-utilization"); provider == "claude-code" && util.ok {
-			ws = append(ws, newWindow(k.id, k.label, util.v, instantOf(h.Get(key+"-reset")).ms, now, windowSourceTraffic))
+			ws = append(ws, newWindow(k.id, k.label, util.v, get(key+"-reset").ms, now, windowSourceTraffic))
 		}
 	}
 	for _, which := range []string{"primary", "secondary"} {
 		key := "x-codex-" + which + "-"
 		mins := get(key + "window-minutes")
-		r := reading{UsedPercent: get(key + "used-percent"), Seconds: number{mins.v * 60, mins.ok},
-			After: get(key + "reset-after-seconds"), ResetAt: instantOf(h.Get(key + "reset-at"))}
+		r := codexReading{UsedPercent: get(key + "used-percent"), Seconds: number{v: mins.v * 60, ok: mins.ok},
+			After: get(key + "reset-after-seconds"), ResetAt: get(key + "reset-at")}
 		if w, ok := r.codexWindow(which, now, windowSourceTraffic); provider == "codex" && ok {
 			ws = append(ws, w)
 		}
@@ -417,28 +417,18 @@ func parsePlanWindows(provider string, h http.Header, now time.Time) (ws []planW
 	return ws
 }
 
-// reading is one window as headers or a usage report member state it, for all three providers (each reads its own members).
-type reading struct {
-	Utilization            number  // claude-code's percent
-	ResetsAt               instant `json:"resets_at"`
-	UsedPercent            number  `json:"used_percent"` // codex's percent
-	Seconds                number  `json:"limit_window_seconds"`
-	After                  number  `json:"reset_after_seconds"`
-	ResetAt                instant `json:"reset_at"`
-	Limit, Used, Remaining number  // kimi's counters
-	ResetTime              instant `json:"resetTime"`  // Kimi's name
-	ResetTimeSpec          instant `json:"reset_time"` // SPEC's
-	Detail                 *reading
-	Window                 struct {
-		Duration number
-		TimeUnit string
-	}
+// codexReading is one codex window as headers or the usage report's rate_limit member state it.
+type codexReading struct {
+	UsedPercent number `json:"used_percent"`
+	Seconds     number `json:"limit_window_seconds"`
+	After       number `json:"reset_after_seconds"`
+	ResetAt     number `json:"reset_at"`
 }
 
 // codexWindow is r as window which, if it states a percent: headers' countdown wins over reset-at, a report's reset_at over
 // its countdown, whose 0 there is an untouched window's (no moment, or every pass would fall due inside itself); a window
 // the plan lacks (length 0) states no reset.
-func (r reading) codexWindow(which string, now time.Time, source string) (planWindow, bool) {
+func (r codexReading) codexWindow(which string, now time.Time, source string) (planWindow, bool) {
 	w := newWindow("codex:"+which, windowLabel(r.Seconds.v/60, which+" window"), r.UsedPercent.v/100, r.ResetAt.ms, now, source)
 	traffic, after := source == windowSourceTraffic, r.After.v
 	switch {
@@ -450,46 +440,30 @@ func (r reading) codexWindow(which string, now time.Time, source string) (planWi
 	return w, r.UsedPercent.ok
 }
 
-// number is a finite number: JSON's, or a string holding one (Kimi's counters, headers); v is 0 unless ok.
+// number is a value headers or a usage report state: v is its finite number (JSON's, or a string holding one: Kimi's
+// counters, headers), 0 unless ok; ms the moment it names (SPEC §11.2: RFC 3339, epoch seconds, or epoch ms from 1e12 on,
+// as 1e12 s would be year 33658), 0 for none; set when a report states it at all, even as null.
 type number struct {
-	v  float64
-	ok bool
+	v       float64
+	ms      int64
+	ok, set bool
 }
 
 func (n *number) UnmarshalJSON(b []byte) error {
 	*n = numberOf(strings.Trim(string(b), `"`)) // a JSON number, or a string holding one
+	n.set = true
 	return nil
 }
 
 func numberOf(s string) number {
 	f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
-	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
-		return number{}
+	if err == nil && !math.IsNaN(f) && !math.IsInf(f, 0) {
+		return number{v: f, ok: true, ms: epochMs(map[bool]float64{true: f * 1000, false: f}[f < 1e12])}
 	}
-	return number{f, true}
-}
-
-// instant is a moment a report or header states (SPEC §11.2): RFC 3339, epoch seconds, or epoch ms from 1e12 on (1e12 s
-// would be year 33658); ms is 0 for none; set even when the member states none (null).
-type instant struct {
-	ms  int64
-	set bool
-}
-
-func (t *instant) UnmarshalJSON(b []byte) error {
-	*t = instant{instantOf(strings.Trim(string(b), `"`)).ms, true}
-	return nil
-}
-
-func instantOf(s string) instant {
 	if tm, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(s)); err == nil {
-		return instant{ms: epochMs(float64(tm.UnixMilli()))}
+		return number{ms: epochMs(float64(tm.UnixMilli()))}
 	}
-	n := numberOf(s)
-	if n.v < 1e12 {
-		n.v *= 1000
-	}
-	return instant{ms: epochMs(n.v)}
+	return number{}
 }
 
 // epochMs keeps epoch milliseconds after the epoch and within planMaxResetSeconds; else 0.

@@ -47,7 +47,7 @@ func TestLedgerRow(t *testing.T) {
 			"measured":{"requests":1,"failures":0,"input_tokens":3,"output_tokens":4,"last_used_ms":1759320000000},
 			"usage_read":{"at_ms":1759320000000,"ok":false,"detail":"usage report answered 503"},"probe":null,"stale":true}`},
 		{name: "retired shows disabled", retired: true, set: func(l *ledger) {
-			l.setCredential(ledgerIDA, "claude-code", credNeedsReauth, "invalid_grant")
+			l.disown(ledgerIDA, "claude-code", "invalid_grant")
 		}, want: `{"id":"` + ledgerIDA + `","provider":"claude-code","label":"work","status":"retired","windows":[],"block":null,
 			"credential":{"state":"disabled","cause":"invalid_grant","recorded_at_ms":1759320000000,"expires_at_ms":0,"refreshed_at_ms":0},
 			"measured":{"requests":0,"failures":0,"input_tokens":0,"output_tokens":0,"last_used_ms":0},"usage_read":null,"probe":null,"stale":false}`},

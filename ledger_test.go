@@ -134,7 +134,7 @@ func TestLedgerRoundTrip(t *testing.T) {
 	l.recordCheck(ledgerIDA, "claude-code", false, false, "usage report answered 500")
 	l.recordCheck(ledgerIDA, "claude-code", true, true, "pong")
 	clock.set(ledgerT0.Add(time.Second))
-	l.setCredential(ledgerIDB, "codex", credNeedsReauth, "invalid_grant")
+	l.disown(ledgerIDB, "codex", "invalid_grant")
 	l.flush(false)
 
 	wantA := ledgerEntry{
@@ -286,7 +286,7 @@ func TestLedgerWriteCoalescing(t *testing.T) {
 		}, wantRequests: 3, wantBlocked: true, wantTimers: 1, wantDelay: 700 * time.Millisecond},
 		{name: "a use after the block waits", at: 1500 * time.Millisecond, do: use, wantRequests: 3, wantBlocked: true, wantTimers: 2, wantDelay: 600 * time.Millisecond},
 		{name: "a credential change writes at once and takes the pending use along", at: 1600 * time.Millisecond, do: func(l *ledger) {
-			l.setCredential(ledgerIDA, "claude-code", credActive, "")
+			l.disown(ledgerIDA, "claude-code", "")
 		}, wantRequests: 4, wantBlocked: true, wantTimers: 2, wantDelay: 600 * time.Millisecond},
 		{name: "the stopped write-behind firing late writes nothing new", at: 2100 * time.Millisecond, fire: true, wantRequests: 4, wantBlocked: true, wantTimers: 2, wantDelay: 600 * time.Millisecond},
 		{name: "a second later a use writes at once", at: 2700 * time.Millisecond, do: use, wantRequests: 5, wantBlocked: true, wantTimers: 2, wantDelay: 600 * time.Millisecond},
@@ -324,7 +324,7 @@ func TestLedgerUnplaced(t *testing.T) {
 	}
 	l.recordUse(ledgerIDA, "codex", true, 1, 2)
 	l.block(ledgerIDA, "codex", time.Minute, "429")
-	l.setCredential(ledgerIDB, "codex", credNeedsReauth, "401")
+	l.disown(ledgerIDB, "codex", "401")
 	l.recordCheck(ledgerIDA, "codex", false, true, "")
 	l.flush(false)
 	if err := l.unreadable; err != nil {
@@ -474,7 +474,7 @@ func TestLedgerSentences(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()
 			l, _, _, _ := newTestLedger(state{dir: dir})
-			l.setCredential(ledgerIDA, "claude-code", credNeedsReauth, c.cause)
+			l.disown(ledgerIDA, "claude-code", c.cause)
 			l.block(ledgerIDA, "claude-code", time.Minute, c.cause)
 			l.recordCheck(ledgerIDA, "claude-code", false, false, c.cause)
 			l.recordCheck(ledgerIDA, "claude-code", true, false, c.cause)
@@ -600,7 +600,7 @@ func TestLedgerNextDueSkipsNeedsReauthorization(t *testing.T) {
 	now := clock.now()
 	l.activate(ledgerIDA, "kimi", now.Add(time.Hour).UnixMilli(), 0)
 	l.activate(ledgerIDB, "kimi", now.Add(2*time.Hour).UnixMilli(), 0)
-	l.setCredential(ledgerIDA, "kimi", credNeedsReauth, "refused")
+	l.disown(ledgerIDA, "kimi", "refused")
 	if due := l.nextDue(now, nil); due.IsZero() || !due.Equal(now.Add(2*time.Hour).Truncate(time.Millisecond)) {
 		t.Errorf("nextDue = %v, want the active grant's expiry (the one needing sign-in has nothing due)", due)
 	}

@@ -59,7 +59,7 @@ func TestUsagePassReadsOnlyWhenDue(t *testing.T) {
 				t.Fatal(err)
 			}
 		}},
-		{name: "needs reauthorization", reads: 0, setup: func(id string) { fx.l.setCredential(id, "kimi", credNeedsReauth, "refused") }},
+		{name: "needs reauthorization", reads: 0, setup: func(id string) { fx.l.disown(id, "kimi", "refused") }},
 	}
 	ids := map[string]string{}
 	for i := range subs {
@@ -546,7 +546,7 @@ func TestUsageInstant(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			var got instant
+			var got number
 			if err := json.Unmarshal([]byte(tc.raw), &got); err != nil || got.ms != tc.want || !got.set {
 				t.Errorf("instant(%s) = %+v, %v; want %d", tc.raw, got, err, tc.want)
 			}

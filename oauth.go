@@ -122,7 +122,7 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 		case errors.Is(err, errRefreshSuperseded):
 			log.Info("credential_refresh_superseded")
 		case errors.As(err, &re) && re.Definitive:
-			o.ledger.setCredential(id, provider, credNeedsReauth, re.Sentence)
+			o.ledger.disown(id, provider, re.Sentence)
 			log.Warn("credential_refresh_refused", "endpoint", re.Endpoint, "status", re.Status, "cause", re.Sentence)
 		default:
 			log.Warn("credential_refresh_failed", "error", err.Error())
@@ -177,18 +177,12 @@ type endpointError struct {
 }
 
 func (e *endpointError) Error() string {
-	got, cause := "no status", e.Err
-	if e.Status != 0 {
-		got = fmt.Sprintf("HTTP %d", e.Status)
-	}
-	if ue := (*url.Error)(nil); errors.As(e.Err, &ue) { // its "Post <url>:" repeats the endpoint
-		cause = ue.Err
-	}
+	got := map[bool]string{true: "no status", false: fmt.Sprintf("HTTP %d", e.Status)}[e.Status == 0]
 	msg := fmt.Sprintf("%s %s: %s, %d bytes received", cmp.Or(e.Op, "OAuth token POST"), e.Endpoint, got, e.Received)
 	if e.Definitive {
 		return msg + ": " + e.Sentence
-	} else if cause != nil {
-		return msg + ": " + cause.Error()
+	} else if e.Err != nil {
+		return msg + ": " + e.Err.Error()
 	}
 	return msg
 }

@@ -227,10 +227,7 @@ func buildChatRequest(ctx context.Context, c call, cr *callerRequest) (*http.Req
 	var edits []memberEdit
 	if cr.head.MaxTokens > 0 && cr.head.LimitName == "" && !p.codex {
 		names := outputLimitNames[formatOf(p.protocol).dialect]
-		name := names[len(names)-1]
-		if p.id == "openai" { // its reasoning models refuse max_tokens
-			name = names[0]
-		}
+		name := cmp.Or(p.limitName, names[len(names)-1])
 		edits = append(edits, memberEdit{name, strconv.AppendInt(nil, int64(cr.head.MaxTokens), 10)})
 	}
 	if cr.addsUsage(p) {
@@ -286,9 +283,9 @@ type call struct {
 	cred    upstreamCredential
 }
 
-// claudeCode reports a claude-code call signed in with OAuth: its system starts with the identity (SPEC §6.2).
+// claudeCode reports a call to Anthropic signed in with OAuth (claude-code's): its system starts with the identity (SPEC §6.2).
 func (c call) claudeCode() bool {
-	return c.res.Provider.id == "claude-code" && c.cred.AccessToken != ""
+	return c.res.Provider.protocol == protoAnthropic && c.cred.AccessToken != ""
 }
 
 // estimateInputTokens is SPEC §15's local estimate: the bytes of system, text, tool_use input, tool_result content and tools, ÷ 4.

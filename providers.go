@@ -39,6 +39,7 @@ type providerInfo struct {
 	beta               string    // the beta token its calls need (SPEC §6.2); on anthropic-messages only with OAuth
 	header             [2]string // a fixed header name and value its calls carry
 	codex              bool      // SPEC §6.2's codex rules: streamed, unstored, no output limit, refusals by status, account id
+	limitName          string    // the output limit its chat calls set, if not max_tokens (OpenAI's reasoning models refuse it)
 
 	tokenURL, clientID string // "" without OAuth grants; tokenURL: BRAMA_OAUTH_<ID>_TOKEN_URL overrides
 	form               bool   // the token endpoint takes a form body, not JSON
@@ -53,7 +54,7 @@ type providerInfo struct {
 
 // providerTable lists every provider Brama knows, and nothing else does.
 var providerTable = []providerInfo{
-	{id: "openai", protocol: protoOpenAIChat, cred: credDirect, baseURL: "https://api.openai.com/v1", vendor: "openai"},
+	{id: "openai", protocol: protoOpenAIChat, cred: credDirect, baseURL: "https://api.openai.com/v1", vendor: "openai", limitName: "max_completion_tokens"},
 	{id: "openai-responses", protocol: protoOpenAIResponses, cred: credDirect, baseURL: "https://api.openai.com/v1", vendor: "openai"},
 	{id: "anthropic", protocol: protoAnthropic, cred: credDirect, baseURL: "https://api.anthropic.com", vendor: "anthropic", probe: "claude-haiku-4-5"},
 	{id: "openrouter", protocol: protoOpenAIChat, cred: credDirect, baseURL: "https://openrouter.ai/api/v1", vendor: "openrouter"},
@@ -152,14 +153,14 @@ func newProviderClient() *http.Client {
 func callEndpoint(ctx context.Context, client *http.Client, method, endpoint string, body []byte,
 	headers http.Header) (status int, b []byte, err error) {
 	req, err := http.NewRequestWithContext(ctx, method, endpoint, bytes.NewReader(body))
-	if err != nil {
-		return 0, nil, err
+	var resp *http.Response
+	if err == nil {
+		req.Header.Set("Accept", "application/json")
+		maps.Copy(req.Header, headers)
+		resp, err = client.Do(req)
 	}
-	req.Header.Set("Accept", "application/json")
-	maps.Copy(req.Header, headers)
-	resp, err := client.Do(req)
-	if err != nil {
-		return 0, nil, err
+	if err != nil { // a *url.Error's cause: its "Get <url>:" would quote the endpoint, which callers name without its query
+		return 0, nil, cmp.Or(errors.Unwrap(err), err)
 	}
 	defer resp.Body.Close()
 	b, err = io.ReadAll(resp.Body)
@@ -418,42 +419,50 @@ func classifyTransport(err error) *apiError {
 	return refuse(code, m, cleanQuoted(cause.Error(), "", 300)).because(err)
 }
 
-// readUsage reads p's usage report (SPEC §11.2) leniently (a member of another type is absent; numbers and instants take any
-// JSON value), taking what it recognizes of the undocumented shapes, never a guessed number: claude-code's members with a
-// "utilization" percent and "resets_at" (anthropicWindows first, by traffic id), codex's rate_limit windows, kimi's used/limit
-// (limit > 0, else 1 − remaining/limit; a limit's detail wins over its top level). Its error never quotes the body.
+// kimiCounters are what kimi's usage report states of its plan usage or of one limit (SPEC §11.2).
+type kimiCounters struct {
+	Limit, Used, Remaining number
+	ResetTime              number        `json:"resetTime"`  // Kimi's name
+	ResetTimeSpec          number        `json:"reset_time"` // SPEC's
+	Detail                 *kimiCounters // a limit's: wins over its own counters
+	Window                 struct {
+		Duration number
+		TimeUnit string
+	}
+}
+
+// readUsage reads p's usage report (SPEC §11.2) leniently (a member of another type is absent; numbers take any JSON
+// value), taking what it recognizes of the undocumented shapes, never a guessed number: claude-code's members with a
+// utilization and a resets_at (anthropicWindows first, by traffic id), codex's rate_limit windows, kimi's used/limit
+// (limit > 0, else 1 − remaining/limit). Its error never quotes the body.
 func (p providerInfo) readUsage(body []byte, now time.Time) (ws []planWindow, err error) {
-	var members map[string]reading // claude-code's
+	var claude map[string]struct { // claude-code's members
+		Utilization number // a percent
+		ResetsAt    number `json:"resets_at"`
+	}
 	var doc struct {
-		RateLimit map[string]reading `json:"rate_limit"` // codex's
-		Usage     reading            // kimi's, with Limits
-		Limits    []reading
+		RateLimit map[string]codexReading `json:"rate_limit"` // codex's
+		Usage     kimiCounters            // kimi's
+		Limits    []kimiCounters
 	}
-	json.Unmarshal(body, &doc) // its error is members'
-	if err = json.Unmarshal(body, &members); err != nil && !errors.As(err, new(*json.UnmarshalTypeError)) ||
-		!bytes.HasPrefix(bytes.TrimSpace(body), []byte("{")) {
+	json.Unmarshal(body, &doc)                               // a member of another type is absent
+	if err := json.Unmarshal(body, &claude); claude == nil { // not an object, or not JSON
 		return nil, errors.New("the usage report is not usable: the body is not a JSON object (" + jsonErrorKind(err) + ")")
-	}
-	windowKey := regexp.MustCompile(`^[a-z0-9_]{1,64}$`) // the shape of a member kept as a window id
-	claude := func(k, id, label string) {
-		if m := members[k]; m.Utilization.ok && m.ResetsAt.set && windowKey.MatchString(k) {
-			ws = append(ws, newWindow(id, label, m.Utilization.v/100, m.ResetsAt.ms, now, windowSourceReport))
-		}
-		delete(members, k)
-	}
-	kimi := func(c *reading, id, label string, reset int64) {
-		used := cmp.Or(c.Used, number{c.Limit.v - c.Remaining.v, c.Remaining.ok})
-		if reset = cmp.Or(c.ResetTime.ms, c.ResetTimeSpec.ms, reset); c.Limit.v > 0 && used.ok {
-			ws = append(ws, newWindow(id, label, used.v/c.Limit.v, reset, now, windowSourceReport))
-		}
 	}
 	switch p.id {
 	case "claude-code":
-		for _, w := range anthropicWindows {
-			claude(w.member, w.id, w.label)
+		windowKey := regexp.MustCompile(`^[a-z0-9_]{1,64}$`) // the shape of a member kept as a window id
+		add := func(k, id, label string) {
+			if m := claude[k]; m.Utilization.ok && m.ResetsAt.set && windowKey.MatchString(k) {
+				ws = append(ws, newWindow(id, label, m.Utilization.v/100, m.ResetsAt.ms, now, windowSourceReport))
+			}
+			delete(claude, k)
 		}
-		for _, k := range slices.Sorted(maps.Keys(members)) {
-			claude(k, "anthropic:"+k, strings.ReplaceAll(k, "_", " "))
+		for _, w := range anthropicWindows {
+			add(w.member, w.id, w.label)
+		}
+		for _, k := range slices.Sorted(maps.Keys(claude)) {
+			add(k, "anthropic:"+k, strings.ReplaceAll(k, "_", " "))
 		}
 	case "codex":
 		for _, which := range []string{"primary", "secondary"} {
@@ -462,12 +471,20 @@ func (p providerInfo) readUsage(body []byte, now time.Time) (ws []planWindow, er
 			}
 		}
 	case "kimi":
+		add := func(c kimiCounters, id, label string, reset int64) {
+			if !c.Used.ok { // from what remains
+				c.Used = number{v: c.Limit.v - c.Remaining.v, ok: c.Remaining.ok}
+			}
+			if reset = cmp.Or(c.ResetTime.ms, c.ResetTimeSpec.ms, reset); c.Limit.v > 0 && c.Used.ok {
+				ws = append(ws, newWindow(id, label, c.Used.v/c.Limit.v, reset, now, windowSourceReport))
+			}
+		}
 		minutes := map[string]float64{"TIME_UNIT_SECOND": 1.0 / 60, "TIME_UNIT_MINUTE": 1, "TIME_UNIT_HOUR": 60, "TIME_UNIT_DAY": 24 * 60}
-		kimi(&doc.Usage, "kimi:usage", "plan usage", 0)
+		add(doc.Usage, "kimi:usage", "plan usage", 0)
 		for i, l := range doc.Limits {
 			n := strconv.Itoa(i)
 			label := windowLabel(l.Window.Duration.v*minutes[l.Window.TimeUnit], "limit "+n)
-			kimi(cmp.Or(l.Detail, &l), "kimi:limit-"+n, label, cmp.Or(l.ResetTime.ms, l.ResetTimeSpec.ms))
+			add(*cmp.Or(l.Detail, &l), "kimi:limit-"+n, label, cmp.Or(l.ResetTime.ms, l.ResetTimeSpec.ms))
 		}
 	}
 	if len(ws) == 0 {

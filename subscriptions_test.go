@@ -230,7 +230,7 @@ func TestInventoryListingCache(t *testing.T) {
 			return err
 		}, "active,active"},
 		{"replace credential", func() error { // before the retire: a retired one's is refused
-			inv.l.setCredential(a.ID, "kimi", credNeedsReauth, "refused")
+			inv.l.disown(a.ID, "kimi", "refused")
 			_, err := inv.store(overlayItem{AgentID: "a1", ID: a.ID}, vaultCredential{APIKey: "sk-cache-new-0123456789"}, "")
 			return err
 		}, "active,active"},
@@ -453,7 +453,7 @@ func TestInventoryReadiness(t *testing.T) {
 		{ids[0], "2 subscription(s) need reauthorization", false},
 	} {
 		if step.reauth != "" {
-			inv.l.setCredential(step.reauth, "kimi", credNeedsReauth, "refused")
+			inv.l.disown(step.reauth, "kimi", "refused")
 		}
 		warnings, payer := inv.readiness()
 		if got := strings.Join(warnings, "\n"); payer != step.payer || (step.warning == "") != (got == "") ||
