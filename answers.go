@@ -505,12 +505,16 @@ func (g *replayGuard) check(client, agent string, h http.Header, body rawObject,
 			h.Values("anthropic-version"), h.Values("anthropic-beta"), h.Values("openai-beta")})
 	}
 	g.lock()
-	var e *replayEntry
-	if g.held[client] > 0 {
-		s := scope()
-		e = cmp.Or(g.refused[replayKeyOf(client, s, body, false)], g.refused[replayKeyOf(client, s, body, true)])
-	}
+	held := g.held[client] > 0
 	g.mu.Unlock()
+	var e *replayEntry
+	if held { // the digests cost the body's bytes: taken outside the lock every request passes
+		s := scope()
+		strict, loose := replayKeyOf(client, s, body, false), replayKeyOf(client, s, body, true)
+		g.lock()
+		e = cmp.Or(g.refused[strict], g.refused[loose])
+		g.mu.Unlock()
+	}
 	if e != nil {
 		refusal = refuse(e.code, "this request repeats one refused at %s after a provider call (%s); the same request is refused without a provider call until %s (BRAMA_REPLAY_GUARD_SECS)",
 			e.until.Add(-g.window).UTC().Format(time.RFC3339), strings.TrimSuffix(e.code+": "+e.message, ": "), e.until.UTC().Format(time.RFC3339))

@@ -95,7 +95,10 @@ func (j *journal) ready() error {
 		path, mode = filepath.Dir(path), 0x2|0x1 // a plain file fails X_OK
 		_, err = os.Stat(path)
 	}
-	if err = cmp.Or(err, syscall.Access(path, mode)); err != nil {
+	if err == nil { // cmp.Or would call Access after a failed Stat too
+		err = syscall.Access(path, mode)
+	}
+	if err != nil {
 		return fmt.Errorf("journal: cannot write %s: %w", path, err)
 	}
 	return nil

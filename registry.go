@@ -267,7 +267,11 @@ func newRegistry(path string, pathErr error, j *journal, log *slog.Logger) *regi
 // current returns the shared document; each distinct failure is logged once.
 func (r *registry) current() (*routesDoc, error) {
 	doc, err := r.load()
-	if reason := fmt.Sprint(err); r.lastLogged.Swap(reason) != reason && err != nil { // a success resets it
+	reason := "" // a success: the same failure after a repair is logged again
+	if err != nil {
+		reason = err.Error()
+	}
+	if r.lastLogged.Swap(reason) != reason && err != nil {
 		r.log.Warn("inference_routes_invalid", "reason", reason)
 	}
 	return doc, err
