@@ -277,8 +277,10 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 			}
 			t = nil
 		}
-		if err := a.keep(t, rec, &calls); err != nil { // paid for: given unsigned rather than lost
-			a.log.Error("answer_unkept", "request_id", c.t.requestID, "err", err)
+		if t != nil { // nil: released
+			if err := a.keep(t, rec, &calls); err != nil { // paid for: given unsigned rather than lost
+				a.log.Error("answer_unkept", "request_id", c.t.requestID, "err", err)
+			}
 		}
 		if !panicked {
 			maps.Copy(w.Header(), rec.HeaderMap)
@@ -360,13 +362,10 @@ func (a *answerStore) reserve(c signedCall) (*answerRecord, error) {
 	return nil, &apiError{Code: "state_conflict", Type: codes["state_conflict"].typ, Message: busy, Retryable: true}
 }
 
-// keep completes the reservation t (nil: released) with the answer w holds (SPEC §12 item 3), signing w; attempts nil is
+// keep completes the reservation t with the answer w holds (SPEC §12 item 3), signing w; attempts nil is
 // unknown (item 2). The one way a record is completed: a kept answer, a cut one, a stopped process's. A keep that fails
 // leaves t in progress, marked unkept: its key never spends twice (item 2).
 func (a *answerStore) keep(t *answerRecord, w *httptest.ResponseRecorder, attempts *int) error {
-	if t == nil {
-		return nil
-	}
 	body := w.Body.Bytes() // the first answer is the kept body, the members repeating the caller's input null (item 7)
 	if o, err := parseRawObject(body); err == nil {
 		var edits []memberEdit
