@@ -28,7 +28,7 @@ type server struct {
 	guard    transportGuard
 	mux      *http.ServeMux
 	answers  *answerStore // signed answers (SPEC §12)
-	replay   *replayGuard // SPEC §8.1; nil: off
+	replay   *replayGuard // SPEC §8.1
 	maxBody  int64        // BRAMA_MAX_REQUEST_BYTES, the body limit
 	inflight sync.RWMutex // read-held by every request: serve waits for their log lines (a WaitGroup cannot grow while waited on)
 }
