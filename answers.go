@@ -47,10 +47,8 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 			defer sa.close()
 			var err error
 			if u, err = sa.answer(c, resp.Body, !pass, req.addsUsage(p)); err != nil {
-				failure = asAPIError(err).withAttempts(attempts) // a hang-up's is settle's
-				if e.t.remember != nil {
-					e.t.remember(failure, attempts, ctx.Err() != nil, true) // before the caller can read it and fall back
-				}
+				failure = asAPIError(err).withAttempts(attempts)        // a hang-up's is settle's
+				e.t.remember(failure, attempts, ctx.Err() != nil, true) // before the caller can read it and fall back
 				sa.do(func() { sa.finish(failure) })
 				e.log.Warn("stream_failed_after_commit", "request_id", e.t.requestID, "code", failure.Code, "cause", redact(fmt.Sprint(failure.Err), c.cred.bearer()))
 			}
@@ -64,22 +62,21 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 	kinds := map[string]budget{modeDirect: budgets.direct, modeAlias: budgets.direct, modeSubscription: budgets.subscription}
 	j := &job{budget: cmp.Or(kinds[c.res.Mode], budgets.selector), build: buildChatRequest, commit: deliver}
 	ae := e.attemptRoute(ctx, j, c, req, cands)
-	if ae != nil && e.t.remember != nil { // the replay guard learns a refusal before the caller reads it
+	if ae != nil { // the replay guard learns a refusal before the caller reads it
 		e.t.remember(ae, e.t.attempts, ctx.Err() != nil, false)
 	}
 	return ae
 }
 
-// serveModelCall makes the one call of POST /v1/messages/count_tokens (embed nil: the anthropic-messages provider's own
-// count, else a local estimate) or of POST /v1/embeddings (a direct route to an openai-chat provider, its JSON as is), SPEC §15.
-func (e *engine) serveModelCall(ctx context.Context, w http.ResponseWriter, req *callerRequest, embed map[string]json.RawMessage,
-	c call) error {
-	p := c.res.Provider
-	j := &job{budget: budgets.countTokens, build: func(ctx context.Context, c call, req *callerRequest) (*http.Request, error) {
+// serveModelCall makes the one call of POST /v1/messages/count_tokens (the anthropic-messages provider's own count, else
+// a local estimate) or of POST /v1/embeddings (a direct route to an openai-chat provider, its JSON as is), SPEC §15.
+func (e *engine) serveModelCall(ctx context.Context, w http.ResponseWriter, req *callerRequest, c call) *apiError {
+	p, embed := c.res.Provider, req.dialect == "embeddings"
+	j := &job{budget: budgets.oneCall, build: func(ctx context.Context, c call, req *callerRequest) (*http.Request, error) {
 		return req.passthrough(ctx, c, "/v1/messages/count_tokens", false)
 	}, commit: func(_ context.Context, c call, _ *callerRequest, resp *http.Response) (u usage, ae *apiError, _ bool) {
 		w.Header().Set("Brama-Route", c.res.Route)
-		if embed != nil { // a JSON object as received, else provider_failure
+		if embed { // a JSON object as received, else provider_failure
 			u, ae = relayBuffered(w, c, resp, e.t.attempts, nil)
 			return u, ae, false
 		}
@@ -96,13 +93,12 @@ func (e *engine) serveModelCall(ctx context.Context, w http.ResponseWriter, req 
 		return u, nil, false
 	}}
 	switch {
-	case embed != nil && c.res.Mode != modeDirect && c.res.Mode != modeAlias:
+	case embed && c.res.Mode != modeDirect && c.res.Mode != modeAlias:
 		return refuse("invalid_request", "embeddings take a direct or alias route; %q is paid by a subscription", req.head.Model)
-	case embed != nil && p.protocol != protoOpenAIChat:
+	case embed && p.protocol != protoOpenAIChat:
 		return refuse("invalid_request", "embeddings need an openai-chat provider; %q speaks %s", p.id, p.protocol)
-	case embed != nil:
-		embed["model"], _ = json.Marshal(c.res.Model)
-		out, _ := json.Marshal(embed)
+	case embed:
+		out := req.body.edit(memberEdit{"model", must(json.Marshal(c.res.Model))}) // the rest as received
 		j.budget, j.build = budgets.direct, func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
 			return newProviderRequest(ctx, c, nil, "/embeddings", out, false)
 		}
@@ -114,10 +110,7 @@ func (e *engine) serveModelCall(ctx context.Context, w http.ResponseWriter, req 
 		writeJSON(w, http.StatusOK, map[string]int{"input_tokens": estimateInputTokens(req.body)})
 		return nil
 	}
-	if ae := e.attemptRoute(ctx, j, c, req, nil); ae != nil {
-		return ae
-	}
-	return nil
+	return e.attemptRoute(ctx, j, c, req, nil)
 }
 
 const (
@@ -284,8 +277,10 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 			}
 			t = nil
 		}
-		if err := a.keep(t, rec, &calls); err != nil { // paid for: given unsigned rather than lost
-			a.log.Error("answer_unkept", "request_id", c.t.requestID, "err", err)
+		if t != nil { // nil: released
+			if err := a.keep(t, rec, &calls); err != nil { // paid for: given unsigned rather than lost
+				a.log.Error("answer_unkept", "request_id", c.t.requestID, "err", err)
+			}
 		}
 		if !panicked {
 			maps.Copy(w.Header(), rec.HeaderMap)
@@ -367,13 +362,10 @@ func (a *answerStore) reserve(c signedCall) (*answerRecord, error) {
 	return nil, &apiError{Code: "state_conflict", Type: codes["state_conflict"].typ, Message: busy, Retryable: true}
 }
 
-// keep completes the reservation t (nil: released) with the answer w holds (SPEC §12 item 3), signing w; attempts nil is
+// keep completes the reservation t with the answer w holds (SPEC §12 item 3), signing w; attempts nil is
 // unknown (item 2). The one way a record is completed: a kept answer, a cut one, a stopped process's. A keep that fails
 // leaves t in progress, marked unkept: its key never spends twice (item 2).
 func (a *answerStore) keep(t *answerRecord, w *httptest.ResponseRecorder, attempts *int) error {
-	if t == nil {
-		return nil
-	}
 	body := w.Body.Bytes() // the first answer is the kept body, the members repeating the caller's input null (item 7)
 	if o, err := parseRawObject(body); err == nil {
 		var edits []memberEdit
@@ -492,13 +484,13 @@ func (g *replayGuard) forget(alias, provider string) {
 
 // check is the replay guard at a planned request of client (SPEC §8.1). refusal repeats the one remembered under the
 // request's strict or loose key (its status and code, not retryable, no call made); a client with none remembered takes
-// no digest. remember is tally's (nil: off): a non-retryable refusal after a call, not a reauthorization (signing in must
+// no digest. remember is tally's (a no-op when off): a non-retryable refusal after a call, not a reauthorization (signing in must
 // pass), is kept for the request until the window ends. A refusal that may have generated is kept under the loose key,
 // which the same request also has: a caller that fixes its output limit after provider_rejected asks a new request.
 func (g *replayGuard) check(client, agent string, h http.Header, body rawObject, c call, cands []resolution) (
 	refusal *apiError, remember func(ae *apiError, attempts int, hungUp, streamed bool)) {
 	if g.window <= 0 {
-		return nil, nil
+		return nil, func(*apiError, int, bool, bool) {}
 	}
 	scope := func() string { // what reaches a provider beside the body: route, key fingerprint (§17), agent, version headers (§6.2)
 		return fmt.Sprintf("%q", [][]string{{agent, c.res.Route, c.res.BaseURL, hexSHA256([]byte(c.cred.APIKey))},

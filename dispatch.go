@@ -28,12 +28,11 @@ type budget struct {
 }
 
 // budgets is the one table of attempt limits (SPEC §7.1–§7.3, §11.3, §15), one row per route kind.
-var budgets = struct{ direct, subscription, selector, probe, countTokens budget }{
+var budgets = struct{ direct, subscription, selector, oneCall budget }{
 	direct:       budget{calls: 1, spends: true},                              // a direct or alias route (§7.1); embeddings
 	subscription: budget{calls: 2, rotate: true, spends: true},                // an explicit subscription route (§7.2)
 	selector:     budget{calls: 2, rotate: true, spends: true, selects: true}, // each candidate of any, any-vision-capable, best
-	probe:        budget{calls: 1},                                            // the completion probe (§11.3)
-	countTokens:  budget{calls: 1},                                            // POST /v1/messages/count_tokens (§15)
+	oneCall:      budget{calls: 1},                                            // the completion probe (§11.3), count_tokens (§15)
 }
 
 // engine is one request's attempt engine: the daemon's parts, the log line's tally, and the walk's account of its calls
@@ -60,7 +59,7 @@ type tally struct {
 	input, output int
 	route         string // the route that answered (a selector's: its candidate)
 	dropped       []string
-	remember      func(ae *apiError, attempts int, hungUp, streamed bool) // the replay guard's (SPEC §8.1); nil: none
+	remember      func(ae *apiError, attempts int, hungUp, streamed bool) // the replay guard's (SPEC §8.1), a no-op when off
 }
 
 // job is how a request's calls are built and a committed one answered; commit's streamed: a failure was written in-band.

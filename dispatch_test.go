@@ -565,7 +565,7 @@ func TestBudgets(t *testing.T) {
 	want.direct = budget{calls: 1, spends: true}
 	want.subscription = budget{calls: 2, rotate: true, spends: true}
 	want.selector = budget{calls: 2, rotate: true, spends: true, selects: true}
-	want.probe, want.countTokens = budget{calls: 1}, budget{calls: 1}
+	want.oneCall = budget{calls: 1} // the probe and count_tokens
 	if diff := cmp.Diff(want, budgets, cmp.AllowUnexported(want, budget{})); diff != "" {
 		t.Errorf("budgets (-SPEC +table):\n%s", diff)
 	}

@@ -412,7 +412,7 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, 
 // codex's encoder drops the output limit (§6.2).
 func (e *engine) ping(ctx context.Context, c call, pool []overlayItem) (u usage, ae *apiError) {
 	req := chatRequest{Model: c.res.Route, MaxTokens: 16, Messages: []message{{Role: "user", Parts: []part{{Type: partText, Text: "ping"}}}}}
-	ae = e.attemptRoute(ctx, &job{budget: budgets.probe, pool: pool,
+	ae = e.attemptRoute(ctx, &job{budget: budgets.oneCall, pool: pool,
 		build: func(ctx context.Context, c call, _ *callerRequest) (*http.Request, error) {
 			return buildUpstreamRequest(ctx, c, &req)
 		},

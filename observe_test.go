@@ -117,7 +117,7 @@ func TestModelsEmbeddingsStatsMetrics(t *testing.T) {
 		t.Errorf("/v1/models lists a model of a provider without a credential: %s", body)
 	}
 
-	status, hdr, body := d.call("POST", "/v1/embeddings", d.token, `{"model":"emb","input":"hello"}`)
+	status, hdr, body := d.call("POST", "/v1/embeddings", d.token, `{"input": "hello", "model": "emb"}`)
 	if status != 200 || !strings.Contains(string(body), `"embedding":[0.5]`) || hdr.Get("Brama-Attempts") != "1" {
 		t.Errorf("/v1/embeddings: %d %s", status, body)
 	}
@@ -128,6 +128,9 @@ func TestModelsEmbeddingsStatsMetrics(t *testing.T) {
 	json.Unmarshal(fake.body(), &up)
 	if up["model"] != "text-embedding-test" || up["input"] != "hello" {
 		t.Errorf("upstream embeddings body = %v", up)
+	}
+	if got, want := string(fake.body()), `{"input": "hello", "model": "text-embedding-test"}`; got != want { // the rest as sent
+		t.Errorf("upstream embeddings body = %s, want %s", got, want)
 	}
 	d.call("POST", "/v1/chat/completions", d.token, chatBody(dialectChat, "openai/gpt-test", false, ""))
 

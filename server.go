@@ -28,7 +28,7 @@ type server struct {
 	guard    transportGuard
 	mux      *http.ServeMux
 	answers  *answerStore // signed answers (SPEC §12)
-	replay   *replayGuard // SPEC §8.1; nil: off
+	replay   *replayGuard // SPEC §8.1
 	maxBody  int64        // BRAMA_MAX_REQUEST_BYTES, the body limit
 	inflight sync.RWMutex // read-held by every request: serve waits for their log lines (a WaitGroup cannot grow while waited on)
 }
@@ -517,11 +517,10 @@ func (s *server) handleModel(dialect string, oneCall bool) handler {
 		case err != nil:
 			return err
 		case oneCall:
-			var embed map[string]json.RawMessage // nil: count_tokens
-			if dialect == "embeddings" {
-				json.Unmarshal(ri.body, &embed) // an object: readCallerRequest checked
+			if ae := e.serveModelCall(r.Context(), w, req, c); ae != nil {
+				return ae
 			}
-			return e.serveModelCall(r.Context(), w, req, embed, c)
+			return nil
 		}
 		route := func(w http.ResponseWriter) {
 			if ae := e.serveChat(r.Context(), w, req, c, cands); ae != nil {
@@ -530,6 +529,7 @@ func (s *server) handleModel(dialect string, oneCall bool) handler {
 		}
 		// SPEC §12: a signed answer reserves its key only now, after plan's checks; an empty value is refused.
 		if keys, asked := r.Header["Idempotency-Key"]; asked {
+			e.t.remember = func(*apiError, int, bool, bool) {} // its kept answer is its guard
 			replayed, err := s.answers.serve(r.Context(), w, signedCall{client: ri.client.ID, route: ri.route, keys: keys,
 				stream: req.head.Stream, body: ri.body, t: &ri.tally, req: r}, route)
 			ri.counted = ri.counted || replayed
