@@ -406,18 +406,18 @@ func (s *callerStream) chatChunk(u *chatUsage, choices ...chatChoice) error {
 
 // readChat is the chat part of the one stream reader (relay.go's streamReader): each choice's finish_reason is the
 // terminal signal (n > 1: the last choice's); usage may follow alone.
-func (r *streamReader) readChat(event string, e rawObject) (keep bool, err error) {
+func (r *streamReader) readChat(event string, e rawObject) (keep, end bool, err error) {
 	if event == "error" || !rawIsNull(e.value("error")) {
 		f, _ := errorObject(e.value("error"))
-		return false, r.inBandError(cmp.Or(f.code, f.typ))
+		return false, false, r.inBandError(cmp.Or(f.code, f.typ))
 	}
 	u, err := usageOf(r.protocol, e.value("usage"))
 	choices, ok := splitRaw(e.value("choices"), '[', r.elems[:])
 	switch {
 	case err != nil:
-		return false, err
+		return false, false, err
 	case !ok && !rawIsNull(e.value("choices")):
-		return false, eventWithout(r.protocol, "chunk", "a choices array")
+		return false, false, eventWithout(r.protocol, "chunk", "a choices array")
 	case u.Reported:
 		r.usage = u
 	}
@@ -430,10 +430,10 @@ func (r *streamReader) readChat(event string, e rawObject) (keep bool, err error
 		if r.out != nil && n == 0 {                     // Brama never asks a translated call for n > 1
 			var d chatMessage
 			if err := r.decode(co, "delta", &d); err != nil {
-				return false, err
+				return false, false, err
 			}
 			if err := r.delta(&d); err != nil {
-				return false, err
+				return false, false, err
 			}
 		}
 		i := n & 127
@@ -446,7 +446,7 @@ func (r *streamReader) readChat(event string, e rawObject) (keep bool, err error
 		}
 		r.finished = r.choices[0] == r.choices[1] && (r.finish != "" || r.out == nil) // translation reads choice 0
 	}
-	return !(r.dropUsage && u.Reported && len(choices.members) == 0), nil
+	return !(r.dropUsage && u.Reported && len(choices.members) == 0), false, nil
 }
 
 // delta gives the caller stream a chat delta's (or an answer's) text, a refusal's too, and tool call pieces. Content is

@@ -148,16 +148,17 @@ type wireFormat struct {
 	dialect, protocol string
 	path              string // the provider endpoint below the base URL
 	parse             func(cr *callerRequest) (chatRequest, error)
-	encode            func(req *chatRequest, c call, h http.Header) ([]byte, error)             // req.Stream: whether c streams; h: its headers
-	decode            func(body []byte, r *streamReader) error                                  // a 2xx buffered body given r's caller stream
-	frames            func(s *callerStream, step streamStep, b *streamBlock, text string) error // the caller stream writer's
+	encode            func(req *chatRequest, c call, h http.Header) ([]byte, error)              // req.Stream: whether c streams; h: its headers
+	decode            func(body []byte, r *streamReader) error                                   // a 2xx buffered body given r's caller stream
+	frames            func(s *callerStream, step streamStep, b *streamBlock, text string) error  // the caller stream writer's
+	read              func(r *streamReader, typ string, e rawObject) (keep, end bool, err error) // one stream event (streamReader.read)
 }
 
 // wireFormats is the one table of the three formats; it never changes.
 var wireFormats = []wireFormat{
-	{dialectChat, protoOpenAIChat, "/chat/completions", parseChatCompletions, encodeChat, decodeChat, (*callerStream).chatFrames},
-	{dialectMessages, protoAnthropic, "/v1/messages", parseMessages, encodeMessages, decodeMessages, (*callerStream).messagesFrames},
-	{dialectResponses, protoOpenAIResponses, "/responses", parseResponses, encodeResponses, decodeResponses, (*callerStream).responsesFrames},
+	{dialectChat, protoOpenAIChat, "/chat/completions", parseChatCompletions, encodeChat, decodeChat, (*callerStream).chatFrames, (*streamReader).readChat},
+	{dialectMessages, protoAnthropic, "/v1/messages", parseMessages, encodeMessages, decodeMessages, (*callerStream).messagesFrames, (*streamReader).readMessages},
+	{dialectResponses, protoOpenAIResponses, "/responses", parseResponses, encodeResponses, decodeResponses, (*callerStream).responsesFrames, (*streamReader).readResponses},
 }
 
 // formatOf is the row of a dialect or protocol (every error its parse returns is an invalid_request *apiError).

@@ -365,8 +365,8 @@ func (r *streamReader) read(event string, data []byte) (keep, end bool, err erro
 		e, ok = splitRaw(data, '{', r.scratch[0][:])
 	}
 	typ := cmp.Or(string(rawText(e.value("type"))), event) // a switch on it allocates nothing
-	if event == "error" && r.protocol == protoAnthropic {
-		typ = event
+	if r.protocol == protoOpenAIChat || event == "error" && r.protocol == protoAnthropic {
+		typ = event // chat's events have no type
 	}
 	switch {
 	case data == nil:
@@ -377,14 +377,10 @@ func (r *streamReader) read(event string, data []byte) (keep, end bool, err erro
 		keep, end, err = true, true, r.ended()
 	case !ok:
 		err = eventWithout(r.protocol, "data", "one JSON object")
-	case r.protocol == protoOpenAIChat:
-		keep, err = r.readChat(event, e)
-	case typ == "":
+	case typ == "" && r.protocol != protoOpenAIChat:
 		err = eventWithout(r.protocol, "event", "a type")
-	case r.protocol == protoAnthropic:
-		keep, end, err = r.readMessages(typ, e)
 	default:
-		keep, end, err = r.readResponses(typ, e)
+		keep, end, err = formatOf(r.protocol).read(r, typ, e)
 	}
 	return keep, end, err
 }
