@@ -111,15 +111,12 @@ func (o rawObject) writeEdited(w io.Writer, edits ...memberEdit) {
 		}
 		w.Write(seg)
 	}
-	for k, e := range edits {
-		if e.value == nil || o.value(e.key) != nil || slices.ContainsFunc(edits[:k], func(p memberEdit) bool { return p.key == e.key }) {
-			continue
+	for _, e := range edits { // an absent member after the rest; Brama's own keys are plain ASCII
+		if e.value != nil && o.value(e.key) == nil {
+			sep := []byte(",")[:boolCount(!first)]
+			w.Write(append(append(strconv.AppendQuote(sep, e.key), ':'), e.value...))
+			first = false
 		}
-		if !first {
-			w.Write([]byte{','})
-		}
-		first = false
-		w.Write(append(append(strconv.AppendQuote(nil, e.key), ':'), e.value...)) // Brama's own keys are plain ASCII
 	}
 	w.Write(o.src[tail:])
 }
