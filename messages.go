@@ -283,14 +283,24 @@ func encodeMessages(req *chatRequest, c call, h http.Header) ([]byte, error) {
 		out.System = jsonText(req.System)
 	}
 	req.drop(true, req.Shared.names()...)
-	budget, inLoop := effortBudgets[max(0, slices.Index(effortNames, req.Effort))], false // unknown names: none
-	if req.MaxTokens > 0 {
-		budget = min(budget, req.MaxTokens-1)
-	}
+	turns, inLoop := []messagesTurn{}, false // in a tool loop: the last assistant turn calls a tool
 	for _, m := range req.Messages {
-		if m.Role == "assistant" {
+		content, err := req.messagesContent(m.Parts)
+		if m.Role == "system" {
+			content = jsonText(textOf(m.Parts))
+		} else if m.Role == "assistant" {
 			inLoop = slices.ContainsFunc(m.Parts, func(p part) bool { return p.Type == partToolCall })
 		}
+		if err != nil {
+			return nil, err
+		} else if content != nil { // only empty text: the API refuses an empty turn
+			turns = append(turns, messagesTurn{Role: m.Role, Content: content})
+		}
+	}
+	out.Messages = must(json.Marshal(turns))
+	budget := effortBudgets[max(0, slices.Index(effortNames, req.Effort))] // unknown names: none
+	if req.MaxTokens > 0 {
+		budget = min(budget, req.MaxTokens-1)
 	}
 	var cfg messagesOption
 	if budget >= 1024 && !inLoop { // the API refuses temperature and top_p beside thinking
@@ -319,19 +329,6 @@ func encodeMessages(req *chatRequest, c call, h http.Header) ([]byte, error) {
 		out.ToolChoice = &messagesOption{Type: strings.Replace(c.Mode, toolChoiceRequired, "any", 1), Name: c.Name,
 			DisableParallelToolUse: ifSet(ptrTo(true), serial && c.Mode != toolChoiceNone)}
 	}
-	turns := []messagesTurn{}
-	for _, m := range req.Messages {
-		content, err := req.messagesContent(m.Parts)
-		if m.Role == "system" {
-			content = jsonText(textOf(m.Parts))
-		}
-		if err != nil {
-			return nil, err
-		} else if content != nil { // only empty text: the API refuses an empty turn
-			turns = append(turns, messagesTurn{Role: m.Role, Content: content})
-		}
-	}
-	out.Messages = must(json.Marshal(turns))
 	if f := req.Output; f != nil {
 		if f.Type != "json_schema" {
 			return nil, refuse("invalid_request", "structured output without a JSON Schema (JSON mode) cannot be expressed to an anthropic-messages provider; send a JSON Schema")
