@@ -144,10 +144,10 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 		return refuse("invalid_request", "%s.role %s is not system, developer, user, assistant or tool", what, quoteCallerToken(m.Role))
 	}
 	parts, err := callerParts(req, m.Content, what+".content", "content parts",
-		func(cp chatPart, raw json.RawMessage, path string) (p part, err error) {
+		func(cp chatPart, raw json.RawMessage, path string) (p part, _ string, err error) {
 			switch img, doc := valueOr(cp.ImageURL, chatURL{}), valueOr(cp.File, chatURL{}); {
 			case cp.Type == "text" && cp.Text == nil:
-				return p, refuse("invalid_request", "%s.text is required", path)
+				return p, "", refuse("invalid_request", "%s.text is required", path)
 			case cp.Type == "text":
 				p = part{Type: partText, Text: *cp.Text}
 			case cp.Type == "image_url":
@@ -155,11 +155,10 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 			case cp.Type == "file" && doc.FileData != "":
 				p, err = part{Type: partDocument, FileURL: doc.FileData, Filename: doc.Filename}, checkCallerURL(doc.FileData, path+".file.file_data")
 			default: // a part Brama does not carry
-				return p, nil
+				return p, "", nil
 			}
-			req.dropUnknown(raw, "type "+cp.Type) // then the members of its object not in chatNested
-			req.dropUnknown(rawMember(raw, cp.Type), chatNested[cp.Type])
-			return p, err
+			req.dropUnknown(rawMember(raw, cp.Type), chatNested[cp.Type]) // the members of its object not carried
+			return p, "type " + cp.Type, err
 		})
 	parts = slices.DeleteFunc(parts, func(p part) bool { return p.Type == partText && p.Text == "" && len(m.ToolCalls) > 0 })
 	for i, tc := range m.ToolCalls { // an assistant's only, as tool_use is in messages

@@ -277,10 +277,10 @@ func readList[T any](raw json.RawMessage, what string, add func(T, json.RawMessa
 	return err
 }
 
-// callerParts reads content in every format: a string (one text part), or an array of parts (kind) that read turns
-// into neutral ones; a part it leaves untyped is dropped and named by its type, else by the content's member.
+// callerParts reads content in every format: a string (one text part), or an array of parts (kind) that read turns into
+// neutral ones and the members each carries (the rest named); one left untyped is named by its type, else its member.
 func callerParts[T any](req *chatRequest, raw json.RawMessage, what, kind string,
-	read func(T, json.RawMessage, string) (part, error)) ([]part, error) {
+	read func(T, json.RawMessage, string) (p part, members string, err error)) ([]part, error) {
 	var parts []part
 	switch rawShape(raw) {
 	case '"':
@@ -289,13 +289,14 @@ func callerParts[T any](req *chatRequest, raw json.RawMessage, what, kind string
 		return []part{{Type: partText, Text: s}}, err
 	case '[':
 		err := readList(raw, what, func(it T, raw json.RawMessage, path string) error {
-			p, err := read(it, raw, path)
+			p, members, err := read(it, raw, path)
 			if err == nil && p.Type == "" {
 				var it struct{ Type string }
 				json.Unmarshal(raw, &it)
 				req.drop(true, cmp.Or(it.Type, what[strings.LastIndex(what, ".")+1:]))
 				return nil
 			}
+			req.dropUnknown(raw, members)
 			parts = append(parts, p)
 			return err
 		})
@@ -319,12 +320,11 @@ func (req *chatRequest) addSystemOf(raw json.RawMessage, what, textType string) 
 
 // callerTextOf reads content that may only be text, joined with sep.
 func (req *chatRequest) callerTextOf(raw json.RawMessage, what, textType, sep string) (string, error) {
-	parts, err := callerParts(req, raw, what, textType+" parts", func(p chatPart, raw json.RawMessage, path string) (part, error) {
-		req.dropUnknown(raw, "type text")
+	parts, err := callerParts(req, raw, what, textType+" parts", func(p chatPart, raw json.RawMessage, path string) (part, string, error) {
 		if p.Type != textType || p.Text == nil {
-			return part{}, refuse("invalid_request", "%s must be a %s part with text", path, textType)
+			return part{}, "", refuse("invalid_request", "%s must be a %s part with text", path, textType)
 		}
-		return part{Type: partText, Text: *p.Text}, nil
+		return part{Type: partText, Text: *p.Text}, "type text", nil
 	})
 	texts := make([]string, len(parts))
 	for i, p := range parts {

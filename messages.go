@@ -166,14 +166,14 @@ var messagesBlockMembers = map[string]string{"text": "type text", "image": "type
 
 // messagesParts reads a turn's content (role "result": a tool result's); other blocks and members are dropped and named.
 func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what string) ([]part, error) {
-	parts, err := callerParts(req, raw, what, "content blocks", func(bl messagesBlock, rb json.RawMessage, path string) (p part, err error) {
+	parts, err := callerParts(req, raw, what, "content blocks", func(bl messagesBlock, _ json.RawMessage, path string) (p part, _ string, err error) {
 		if bl.Type == "tool_use" && role != "assistant" || bl.Type == "tool_result" && role != "user" {
-			return p, refuse("invalid_request", "%s.type %s is not allowed in a %s turn", path, quoteCallerToken(bl.Type), role)
+			return p, "", refuse("invalid_request", "%s.type %s is not allowed in a %s turn", path, quoteCallerToken(bl.Type), role)
 		}
 		switch bl.Type {
 		case "text":
 			if bl.Text == nil {
-				return p, refuse("invalid_request", "%s.text is required", path)
+				return p, "", refuse("invalid_request", "%s.text is required", path)
 			}
 			p = part{Type: partText, Text: *bl.Text}
 		case "image", "document": // a source as the neutral URL: base64 data and text a data URL, a url source itself
@@ -186,9 +186,9 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 			case src.Type == "url":
 				url, err = src.URL, checkCallerURL(src.URL, path+".source.url")
 			case src.Type == "file": // a file reference (no counterpart): dropped
-				return p, nil
+				return p, "", nil
 			default:
-				return p, refuse("invalid_request", "%s.source must be base64 with a media_type, text, url or file", path)
+				return p, "", refuse("invalid_request", "%s.source must be base64 with a media_type, text, url or file", path)
 			}
 			p = part{Type: partImage, ImageURL: url}
 			if bl.Type == "document" {
@@ -210,11 +210,10 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 			}
 			p.IsError = bl.IsError
 		default: // thinking, …: dropped
-			return p, nil
+			return p, "", nil
 		}
-		req.dropUnknown(rb, messagesBlockMembers[bl.Type])
 		req.drop(bl.IsError, "is_error")
-		return p, err
+		return p, messagesBlockMembers[bl.Type], err
 	})
 	if err == nil && len(parts) == 0 && role != "result" {
 		return nil, refuse("invalid_request", "%s must hold at least one content block Brama can carry", what)

@@ -165,10 +165,10 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 
 // responsesParts reads content: a string or text, image and file parts; others (a refusal, a file id) are dropped and named.
 func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part, error) {
-	return callerParts(req, raw, what, "content parts", func(rp responsesPart, raw json.RawMessage, at string) (p part, err error) {
+	return callerParts(req, raw, what, "content parts", func(rp responsesPart, raw json.RawMessage, at string) (p part, _ string, err error) {
 		switch {
 		case (rp.Type == "input_text" || rp.Type == "output_text") && rp.Text == nil:
-			return p, refuse("invalid_request", "%s.text is required", at)
+			return p, "", refuse("invalid_request", "%s.text is required", at)
 		case rp.Type == "input_text" || rp.Type == "output_text":
 			p = part{Type: partText, Text: *rp.Text}
 		case rp.Type == "input_image" && rp.ImageURL != nil:
@@ -176,10 +176,9 @@ func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part
 		case rp.Type == "input_file" && rp.FileData+rp.FileURL != "":
 			p, err = part{Type: partDocument, FileURL: rp.FileData + rp.FileURL, Filename: rp.Filename}, checkCallerURL(rp.FileData+rp.FileURL, at)
 		default:
-			return p, nil
+			return p, "", nil
 		}
-		req.dropUnknown(raw, responsesPartMembers[rp.Type])
-		return p, err
+		return p, responsesPartMembers[rp.Type], err
 	})
 }
 
