@@ -363,12 +363,7 @@ func relayBuffered(w http.ResponseWriter, c call, resp *http.Response, attempts 
 	switch {
 	case err != nil:
 	case s != nil:
-		err = s.translate(c, func(r *streamReader) error {
-			if p.codex {
-				return r.run(resp.Body, nil)
-			}
-			return formatOf(p.protocol).decode(body, r)
-		})
+		err = s.translate(c, resp.Body, body)
 		if u = s.rd.usage; err == nil {
 			body, err = json.Marshal(s.whole)
 		}

@@ -98,7 +98,7 @@ func (s *callerStream) answer(c call, body io.Reader, translate, dropUsage bool)
 	defer s.mu.Unlock()
 	var err error
 	if s.body = body; translate {
-		err = s.translate(c, func(r *streamReader) error { return r.run(s, nil) })
+		err = s.translate(c, s, nil)
 	} else {
 		s.rd = streamReader{protocol: c.res.Provider.protocol, secret: c.cred.bearer(), dropUsage: dropUsage}
 		err = s.rd.run(s, s.write)
@@ -106,12 +106,15 @@ func (s *callerStream) answer(c call, body io.Reader, translate, dropUsage bool)
 	return s.rd.usage, err
 }
 
-// translate writes, start to finish, the answer read gives s's reader of c's protocol.
-func (s *callerStream) translate(c call, read func(r *streamReader) error) error {
+// translate writes, start to finish, the answer in c's protocol: whole, a buffered body, else the stream body.
+func (s *callerStream) translate(c call, body io.Reader, whole []byte) error {
 	err := s.frames(s, stepBegin, nil, "")
-	if err == nil {
-		s.rd = streamReader{protocol: c.res.Provider.protocol, secret: c.cred.bearer(), out: s, calls: map[int]*upstreamCall{}}
-		err = read(&s.rd)
+	s.rd = streamReader{protocol: c.res.Provider.protocol, secret: c.cred.bearer(), out: s, calls: map[int]*upstreamCall{}}
+	switch {
+	case err == nil && whole != nil:
+		err = formatOf(c.res.Provider.protocol).decode(whole, &s.rd)
+	case err == nil:
+		err = s.rd.run(body, nil)
 	}
 	if err == nil {
 		err = s.finish(nil)
@@ -327,11 +330,7 @@ type upstreamCall struct {
 // only after the terminal signal: a cut or in-band error is provider_incomplete, a malformed event
 // provider_failure. A chat stream ended without [DONE] gets it.
 func (r *streamReader) run(body io.Reader, relay func(block []byte, flush bool) error) error {
-	ends := "\n" // as newSSEReader says
-	if r.out != nil {
-		ends = "\r\n"
-	}
-	rd := newSSEReader(body, ends)
+	rd := newSSEReader(body, map[bool]string{false: "\n", true: "\r\n"}[r.out != nil]) // as newSSEReader says
 	for {
 		raw, event, data, err := rd.next()
 		switch {
