@@ -346,10 +346,7 @@ func decodeChat(body []byte, rd *streamReader) error {
 	if u := r.Usage; u != nil {
 		rd.usage = usage{u.PromptTokens, u.CompletionTokens, true}
 	}
-	if err := rd.delta(m); err != nil {
-		return err
-	}
-	return rd.ended()
+	return cmp.Or(rd.delta(m), rd.ended()) // a buffered answer: ended's writes are discarded after a refusal
 }
 
 // chatFrames writes chat.completion.chunk frames. Chat has no block framing: a tool call's deltas carry its call
