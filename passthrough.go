@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -369,17 +368,8 @@ func relayBuffered(w http.ResponseWriter, c call, resp *http.Response, attempts 
 		}
 	case p.codex:
 		r := &streamReader{protocol: p.protocol, secret: c.cred.bearer(), raw: map[int][]byte{}}
-		if err = r.run(resp.Body, nil); err == nil && len(r.raw) == 0 {
-			body = r.final
-		} else if err == nil { // the final response, its output the output_item.done items in output_index order
-			var items [][]byte
-			for _, i := range slices.Sorted(maps.Keys(r.raw)) {
-				items = append(items, r.raw[i])
-			}
-			o, _ := splitRaw(r.final, '{', nil)
-			body = o.edit(memberEdit{"output", append(append([]byte("["), bytes.Join(items, []byte(","))...), ']')})
-		}
-		u = r.usage
+		err = r.run(resp.Body, nil)
+		body, u = r.final, r.usage
 	default:
 		ct = cmp.Or(resp.Header.Get("Content-Type"), ct)
 		o, notObject := parseRawObject(body) // not decoded: only its usage is read

@@ -312,7 +312,7 @@ type streamReader struct {
 	// chat: the choice indexes seen and finished (n ≤ 128), the calls after the first, held to the end
 	choices [2][2]uint64
 	held    []part
-	// a buffered codex caller (non-nil raw): output_item.done items by output_index, the final response
+	// a buffered codex caller (non-nil raw): output_item.done items by output_index, its answer (readResponses)
 	raw     map[int][]byte
 	final   json.RawMessage
 	scratch [2][16]jsonMember // member storage for an event and one of its members

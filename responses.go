@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"encoding/json"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -370,8 +371,15 @@ func (r *streamReader) readResponses(typ string, e rawObject) (keep, end bool, e
 			return false, false, eventWithout(protoOpenAIResponses, typ, "response")
 		}
 		r.usage, err = usageOf(r.protocol, resp.value("usage"))
-		if r.finished = true; r.raw != nil {
-			r.final = bytes.Clone(e.value("response"))
+		if r.finished = true; r.raw != nil { // a buffered codex caller's answer, its output the items ended, by output_index
+			r.final = bytes.Clone(resp.src)
+		}
+		if len(r.raw) > 0 {
+			var items [][]byte
+			for _, i := range slices.Sorted(maps.Keys(r.raw)) {
+				items = append(items, r.raw[i])
+			}
+			r.final = resp.edit(memberEdit{"output", append(append([]byte("["), bytes.Join(items, []byte(","))...), ']')})
 		}
 		if err == nil && r.out != nil {
 			err = decodeResponses(e.value("response"), r)
