@@ -22,7 +22,7 @@ type (
 		ToolChoice    *messagesOption `json:"tool_choice,omitempty"`
 		StopSequences []string        `json:"stop_sequences,omitempty"`
 		Thinking      *messagesOption `json:"thinking,omitempty"`
-		OutputConfig  *messagesOption `json:"output_config,omitempty"`
+		OutputConfig  messagesOption  `json:"output_config,omitzero"`
 		OutputFormat  *outputFormat   `json:"output_format,omitempty"` // the beta name, read from callers
 	}
 	messagesTurn struct {
@@ -150,11 +150,10 @@ func parseMessages(cr *callerRequest) (chatRequest, error) {
 	} else {
 		req.drop(t.Type != "disabled", "thinking") // adaptive: no effort of its own to carry
 	}
-	o := valueOr(b.OutputConfig, messagesOption{})
-	if o.Effort != "" {
+	if o := b.OutputConfig; o.Effort != "" {
 		req.Effort, req.EffortName = o.Effort, "effort"
 	}
-	if f := cmp.Or(o.Format, b.OutputFormat); f != nil { // its type and schema: a name and strict are OpenAI's
+	if f := cmp.Or(b.OutputConfig.Format, b.OutputFormat); f != nil { // its type and schema: a name and strict are OpenAI's
 		err = cmp.Or(err, req.setOutput(&outputFormat{Type: f.Type, Schema: f.Schema}, "output_config.format"))
 	}
 	return req.finishParse(err, "messages must hold at least one user or assistant turn")
@@ -301,13 +300,12 @@ func encodeMessages(req *chatRequest, c call, h http.Header) ([]byte, error) {
 	if req.MaxTokens > 0 {
 		budget = min(budget, req.MaxTokens-1)
 	}
-	var cfg messagesOption
 	if budget >= 1024 && !inLoop { // the API refuses temperature and top_p beside thinking
 		req.drop(req.Temperature != nil, "temperature")
 		req.drop(req.TopP != nil, "top_p")
 		out.Thinking, out.Temperature, out.TopP = &messagesOption{Type: "enabled", BudgetTokens: budget}, nil, nil
 		if adaptiveModels.MatchString(c.res.Model) { // an effort, not a budget; Anthropic has no "minimal"
-			out.Thinking, cfg.Effort = &messagesOption{Type: "adaptive"}, strings.Replace(req.Effort, "minimal", "low", 1)
+			out.Thinking, out.OutputConfig.Effort = &messagesOption{Type: "adaptive"}, strings.Replace(req.Effort, "minimal", "low", 1)
 		}
 	} else {
 		req.drop(req.Effort != "", req.EffortName)
@@ -332,14 +330,13 @@ func encodeMessages(req *chatRequest, c call, h http.Header) ([]byte, error) {
 		if f.Type != "json_schema" {
 			return nil, refuse("invalid_request", "structured output without a JSON Schema (JSON mode) cannot be expressed to an anthropic-messages provider; send a JSON Schema")
 		}
-		cfg.Format = &outputFormat{Type: f.Type, Schema: f.Schema}
+		out.OutputConfig.Format = &outputFormat{Type: f.Type, Schema: f.Schema}
 	}
-	out.OutputConfig = ifSet(&cfg, cfg != (messagesOption{}))
 	// SPEC §7.6: the structured-outputs beta, for a JSON Schema output format or a tool's strict, true or false.
 	if req.Output != nil || slices.ContainsFunc(req.Tools, func(t tool) bool { return t.Strict != nil }) {
 		h.Add("Anthropic-Beta", structuredOutputsBeta)
 	}
-	if cfg.Effort != "" {
+	if out.OutputConfig.Effort != "" {
 		h.Add("Anthropic-Beta", effortBeta)
 	}
 	return json.Marshal(out)
