@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"encoding/base64"
 	"encoding/json"
+	"math"
 	"net/http"
 	"regexp"
 	"slices"
@@ -296,11 +297,8 @@ func encodeMessages(req *chatRequest, c call, h http.Header) ([]byte, error) {
 		}
 	}
 	out.Messages = must(json.Marshal(turns))
-	budget := effortBudgets[max(0, slices.Index(effortNames, req.Effort))] // unknown names: none
-	if req.MaxTokens > 0 {
-		budget = min(budget, req.MaxTokens-1)
-	}
-	if budget >= 1024 && !inLoop { // the API refuses temperature and top_p beside thinking
+	budget := min(effortBudgets[max(0, slices.Index(effortNames, req.Effort))], cmp.Or(req.MaxTokens, math.MaxInt)-1)
+	if budget >= 1024 && !inLoop { // an unknown effort has none; the API refuses temperature and top_p beside thinking
 		req.drop(req.Temperature != nil, "temperature")
 		req.drop(req.TopP != nil, "top_p")
 		out.Thinking, out.Temperature, out.TopP = &messagesOption{Type: "enabled", BudgetTokens: budget}, nil, nil
