@@ -466,16 +466,13 @@ func (r *streamReader) readMessages(typ string, e rawObject) (keep, end bool, er
 func (r *streamReader) readBlock(typ string, index int, b, d *messagesBlock) error {
 	c, isTool := r.calls[index]
 	switch {
-	case typ == "content_block_start" && b.Type == "text":
-		return r.out.text(valueOr(b.Text, ""))
+	case typ == "content_block_start" && b.Type == "text", typ == "content_block_delta" && d.Type == "text_delta":
+		return r.out.text(valueOr(cmp.Or(b, d).Text, ""))
 	case typ == "content_block_start" && b.Type == "tool_use" && (b.Name == "" || isTool):
 		return eventWithout(protoAnthropic, typ, "a fresh index and a name")
 	case typ == "content_block_start" && b.Type == "tool_use":
-		r.calls[index] = &upstreamCall{tool: r.ncalls}
-		r.ncalls++
-		return r.out.call(r.calls[index].tool, part{Type: partToolCall, ToolCallID: b.ID, ToolName: b.Name})
-	case typ == "content_block_delta" && d.Type == "text_delta":
-		return r.out.text(valueOr(d.Text, ""))
+		r.calls[index], r.ncalls = &upstreamCall{tool: r.ncalls}, r.ncalls+1
+		return r.out.call(r.ncalls-1, part{Type: partToolCall, ToolCallID: b.ID, ToolName: b.Name})
 	case typ == "content_block_delta" && d.Type == "input_json_delta" && !isTool:
 		return eventWithout(protoAnthropic, typ, "a tool_use block")
 	case typ == "content_block_delta" && d.Type == "input_json_delta" && valueOr(d.PartialJSON, "") != "":
