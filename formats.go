@@ -145,13 +145,12 @@ type outputFormat struct {
 
 // wireFormat is one row of the format table: a format's dialect, protocol and translations.
 type wireFormat struct {
-	dialect, protocol string
-	path              string // the provider endpoint below the base URL
-	parse             func(cr *callerRequest) (chatRequest, error)
-	encode            func(req *chatRequest, c call, h http.Header) ([]byte, error)              // req.Stream: whether c streams; h: its headers
-	decode            func(body []byte, r *streamReader) error                                   // a 2xx buffered body given r's caller stream
-	frames            func(s *callerStream, step streamStep, b *streamBlock, text string) error  // the caller stream writer's
-	read              func(r *streamReader, typ string, e rawObject) (keep, end bool, err error) // one stream event (streamReader.read)
+	dialect, protocol, path string // path: the provider endpoint below the base URL
+	parse                   func(cr *callerRequest) (chatRequest, error)
+	encode                  func(req *chatRequest, c call, h http.Header) ([]byte, error)              // req.Stream: whether c streams; h: its headers
+	decode                  func(body []byte, r *streamReader) error                                   // a 2xx buffered body given r's caller stream
+	frames                  func(s *callerStream, step streamStep, b *streamBlock, text string) error  // the caller stream writer's
+	read                    func(r *streamReader, typ string, e rawObject) (keep, end bool, err error) // one stream event (streamReader.read)
 }
 
 // wireFormats is the one table of the three formats; it never changes.
