@@ -398,7 +398,7 @@ func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string)
 	case step == stepOpen:
 		cb := messagesBlock{Type: "text", Text: ptrTo("")}
 		if !b.text {
-			cb = messagesBlock{Type: "tool_use", ID: answerIDOr(b.id, "toolu_"), Name: b.name, Input: json.RawMessage(`{}`)}
+			cb = messagesBlock{Type: "tool_use", ID: cmp.Or(b.id, newAnswerID("toolu_")), Name: b.name, Input: json.RawMessage(`{}`)}
 		}
 		m.Content = append(m.Content, cb)
 		ev.ContentBlock = &cb

@@ -34,8 +34,6 @@ type usage struct {
 
 func newAnswerID(prefix string) string { return prefix + rand.Text() }
 
-func answerIDOr(id, prefix string) string { return cmp.Or(id, newAnswerID(prefix)) }
-
 // writeAnswer writes a 200 answer with its attempts: a buffered body, or a stream's head.
 func writeAnswer(w http.ResponseWriter, contentType string, attempts int, body []byte) {
 	w.Header().Set("Content-Type", contentType)

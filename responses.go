@@ -297,7 +297,7 @@ func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string
 	case stepOpen:
 		it := &responsesItem{Type: "message", ID: "msg_", Role: "assistant", Content: json.RawMessage("[]")} // ID: its prefix
 		if !b.text {
-			it = &responsesItem{Type: responsesCallTypes[b.custom], ID: "fc_", CallID: answerIDOr(b.id, "call_"), Namespace: b.namespace, Name: b.name}
+			it = &responsesItem{Type: responsesCallTypes[b.custom], ID: "fc_", CallID: cmp.Or(b.id, newAnswerID("call_")), Namespace: b.namespace, Name: b.name}
 			it.fill("")
 		}
 		it.ID, it.Status, s.resp.Output = newAnswerID(it.ID), "in_progress", append(s.resp.Output, it)
