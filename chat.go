@@ -144,10 +144,10 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 		return refuse("invalid_request", "%s.role %s is not system, developer, user, assistant or tool", what, quoteCallerToken(m.Role))
 	}
 	parts, err := callerParts(req, m.Content, what+".content", "content parts",
-		func(cp chatPart, raw json.RawMessage, path string) (p part, err error) {
+		func(cp chatPart, raw json.RawMessage, path string) (p part, _ string, err error) {
 			switch img, doc := valueOr(cp.ImageURL, chatURL{}), valueOr(cp.File, chatURL{}); {
 			case cp.Type == "text" && cp.Text == nil:
-				return p, refuse("invalid_request", "%s.text is required", path)
+				return p, "", refuse("invalid_request", "%s.text is required", path)
 			case cp.Type == "text":
 				p = part{Type: partText, Text: *cp.Text}
 			case cp.Type == "image_url":
@@ -155,11 +155,10 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 			case cp.Type == "file" && doc.FileData != "":
 				p, err = part{Type: partDocument, FileURL: doc.FileData, Filename: doc.Filename}, checkCallerURL(doc.FileData, path+".file.file_data")
 			default: // a part Brama does not carry
-				return p, nil
+				return p, "", nil
 			}
-			req.dropUnknown(raw, "type "+cp.Type) // then the members of its object not in chatNested
-			req.dropUnknown(rawMember(raw, cp.Type), chatNested[cp.Type])
-			return p, err
+			req.dropUnknown(rawMember(raw, cp.Type), chatNested[cp.Type]) // the members of its object not carried
+			return p, "type " + cp.Type, err
 		})
 	parts = slices.DeleteFunc(parts, func(p part) bool { return p.Type == partText && p.Text == "" && len(m.ToolCalls) > 0 })
 	for i, tc := range m.ToolCalls { // an assistant's only, as tool_use is in messages
@@ -347,10 +346,7 @@ func decodeChat(body []byte, rd *streamReader) error {
 	if u := r.Usage; u != nil {
 		rd.usage = usage{u.PromptTokens, u.CompletionTokens, true}
 	}
-	if err := rd.delta(m); err != nil {
-		return err
-	}
-	return rd.ended()
+	return cmp.Or(rd.delta(m), rd.ended()) // a buffered answer: ended's writes are discarded after a refusal
 }
 
 // chatFrames writes chat.completion.chunk frames. Chat has no block framing: a tool call's deltas carry its call
@@ -363,7 +359,7 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 		s.id, s.created = newAnswerID("chatcmpl-"), time.Now().Unix()
 		delta = chatMessage{Role: "assistant", Content: jsonText("")}
 	case step == stepOpen && !b.text: // its id, type and name, a function's arguments empty
-		delta.ToolCalls = []chatToolCall{chatCall(&b.index, answerIDOr(b.id, "call_"), b.name, "", b.custom)}
+		delta.ToolCalls = []chatToolCall{chatCall(&b.index, cmp.Or(b.id, newAnswerID("call_")), b.name, "", b.custom)}
 	case step == stepDelta && b.text:
 		delta.Content = jsonText(d)
 	case step == stepDelta: // the piece alone at its index
@@ -380,7 +376,7 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 				if b.text {
 					text += b.buf.String()
 				} else {
-					m.ToolCalls = append(m.ToolCalls, chatCall(nil, answerIDOr(b.id, "call_"), b.name, b.buf.String(), b.custom))
+					m.ToolCalls = append(m.ToolCalls, chatCall(nil, cmp.Or(b.id, newAnswerID("call_")), b.name, b.buf.String(), b.custom))
 				}
 			}
 			if m.Content = jsonText(text); text == "" && len(m.ToolCalls) > 0 {
@@ -406,18 +402,18 @@ func (s *callerStream) chatChunk(u *chatUsage, choices ...chatChoice) error {
 
 // readChat is the chat part of the one stream reader (relay.go's streamReader): each choice's finish_reason is the
 // terminal signal (n > 1: the last choice's); usage may follow alone.
-func (r *streamReader) readChat(event string, e rawObject) (keep bool, err error) {
+func (r *streamReader) readChat(event string, e rawObject) (keep, end bool, err error) {
 	if event == "error" || !rawIsNull(e.value("error")) {
 		f, _ := errorObject(e.value("error"))
-		return false, r.inBandError(cmp.Or(f.code, f.typ))
+		return false, false, r.inBandError(cmp.Or(f.code, f.typ))
 	}
 	u, err := usageOf(r.protocol, e.value("usage"))
 	choices, ok := splitRaw(e.value("choices"), '[', r.elems[:])
 	switch {
 	case err != nil:
-		return false, err
+		return false, false, err
 	case !ok && !rawIsNull(e.value("choices")):
-		return false, eventWithout(r.protocol, "chunk", "a choices array")
+		return false, false, eventWithout(r.protocol, "chunk", "a choices array")
 	case u.Reported:
 		r.usage = u
 	}
@@ -430,10 +426,10 @@ func (r *streamReader) readChat(event string, e rawObject) (keep bool, err error
 		if r.out != nil && n == 0 {                     // Brama never asks a translated call for n > 1
 			var d chatMessage
 			if err := r.decode(co, "delta", &d); err != nil {
-				return false, err
+				return false, false, err
 			}
 			if err := r.delta(&d); err != nil {
-				return false, err
+				return false, false, err
 			}
 		}
 		i := n & 127
@@ -446,7 +442,7 @@ func (r *streamReader) readChat(event string, e rawObject) (keep bool, err error
 		}
 		r.finished = r.choices[0] == r.choices[1] && (r.finish != "" || r.out == nil) // translation reads choice 0
 	}
-	return !(r.dropUsage && u.Reported && len(choices.members) == 0), nil
+	return !(r.dropUsage && u.Reported && len(choices.members) == 0), false, nil
 }
 
 // delta gives the caller stream a chat delta's (or an answer's) text, a refusal's too, and tool call pieces. Content is

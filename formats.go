@@ -145,19 +145,19 @@ type outputFormat struct {
 
 // wireFormat is one row of the format table: a format's dialect, protocol and translations.
 type wireFormat struct {
-	dialect, protocol string
-	path              string // the provider endpoint below the base URL
-	parse             func(cr *callerRequest) (chatRequest, error)
-	encode            func(req *chatRequest, c call, h http.Header) ([]byte, error)             // req.Stream: whether c streams; h: its headers
-	decode            func(body []byte, r *streamReader) error                                  // a 2xx buffered body given r's caller stream
-	frames            func(s *callerStream, step streamStep, b *streamBlock, text string) error // the caller stream writer's
+	dialect, protocol, path string // path: the provider endpoint below the base URL
+	parse                   func(cr *callerRequest) (chatRequest, error)
+	encode                  func(req *chatRequest, c call, h http.Header) ([]byte, error)              // req.Stream: whether c streams; h: its headers
+	decode                  func(body []byte, r *streamReader) error                                   // a 2xx buffered body given r's caller stream
+	frames                  func(s *callerStream, step streamStep, b *streamBlock, text string) error  // the caller stream writer's
+	read                    func(r *streamReader, typ string, e rawObject) (keep, end bool, err error) // one stream event (streamReader.read)
 }
 
 // wireFormats is the one table of the three formats; it never changes.
 var wireFormats = []wireFormat{
-	{dialectChat, protoOpenAIChat, "/chat/completions", parseChatCompletions, encodeChat, decodeChat, (*callerStream).chatFrames},
-	{dialectMessages, protoAnthropic, "/v1/messages", parseMessages, encodeMessages, decodeMessages, (*callerStream).messagesFrames},
-	{dialectResponses, protoOpenAIResponses, "/responses", parseResponses, encodeResponses, decodeResponses, (*callerStream).responsesFrames},
+	{dialectChat, protoOpenAIChat, "/chat/completions", parseChatCompletions, encodeChat, decodeChat, (*callerStream).chatFrames, (*streamReader).readChat},
+	{dialectMessages, protoAnthropic, "/v1/messages", parseMessages, encodeMessages, decodeMessages, (*callerStream).messagesFrames, (*streamReader).readMessages},
+	{dialectResponses, protoOpenAIResponses, "/responses", parseResponses, encodeResponses, decodeResponses, (*callerStream).responsesFrames, (*streamReader).readResponses},
 }
 
 // formatOf is the row of a dialect or protocol (every error its parse returns is an invalid_request *apiError).
@@ -276,10 +276,10 @@ func readList[T any](raw json.RawMessage, what string, add func(T, json.RawMessa
 	return err
 }
 
-// callerParts reads content in every format: a string (one text part), or an array of parts (kind) that read turns
-// into neutral ones; a part it leaves untyped is dropped and named by its type, else by the content's member.
+// callerParts reads content in every format: a string (one text part), or an array of parts (kind) that read turns into
+// neutral ones and the members each carries (the rest named); one left untyped is named by its type, else its member.
 func callerParts[T any](req *chatRequest, raw json.RawMessage, what, kind string,
-	read func(T, json.RawMessage, string) (part, error)) ([]part, error) {
+	read func(T, json.RawMessage, string) (p part, members string, err error)) ([]part, error) {
 	var parts []part
 	switch rawShape(raw) {
 	case '"':
@@ -288,13 +288,14 @@ func callerParts[T any](req *chatRequest, raw json.RawMessage, what, kind string
 		return []part{{Type: partText, Text: s}}, err
 	case '[':
 		err := readList(raw, what, func(it T, raw json.RawMessage, path string) error {
-			p, err := read(it, raw, path)
+			p, members, err := read(it, raw, path)
 			if err == nil && p.Type == "" {
 				var it struct{ Type string }
 				json.Unmarshal(raw, &it)
 				req.drop(true, cmp.Or(it.Type, what[strings.LastIndex(what, ".")+1:]))
 				return nil
 			}
+			req.dropUnknown(raw, members)
 			parts = append(parts, p)
 			return err
 		})
@@ -318,12 +319,11 @@ func (req *chatRequest) addSystemOf(raw json.RawMessage, what, textType string) 
 
 // callerTextOf reads content that may only be text, joined with sep.
 func (req *chatRequest) callerTextOf(raw json.RawMessage, what, textType, sep string) (string, error) {
-	parts, err := callerParts(req, raw, what, textType+" parts", func(p chatPart, raw json.RawMessage, path string) (part, error) {
-		req.dropUnknown(raw, "type text")
+	parts, err := callerParts(req, raw, what, textType+" parts", func(p chatPart, raw json.RawMessage, path string) (part, string, error) {
 		if p.Type != textType || p.Text == nil {
-			return part{}, refuse("invalid_request", "%s must be a %s part with text", path, textType)
+			return part{}, "", refuse("invalid_request", "%s must be a %s part with text", path, textType)
 		}
-		return part{Type: partText, Text: *p.Text}, nil
+		return part{Type: partText, Text: *p.Text}, "type text", nil
 	})
 	texts := make([]string, len(parts))
 	for i, p := range parts {

@@ -36,10 +36,11 @@ func callPart(tc toolCall) part {
 	return part{Type: partToolCall, ToolCallID: tc.ID, ToolName: tc.Name, Arguments: tc.Arguments, Custom: tc.Custom}
 }
 
-// answerOf gathers the answer a reader of protocol gives a caller stream that writes nothing; read runs the reader.
-func answerOf(protocol string, read func(r *streamReader) error) (chatAnswer, error) {
+// answerOf gathers the answer a reader of protocol gives a caller stream that writes nothing: whole, a buffered body,
+// else the stream body.
+func answerOf(protocol string, body io.Reader, whole []byte) (chatAnswer, error) {
 	s := &callerStream{frames: func(*callerStream, streamStep, *streamBlock, string) error { return nil }}
-	if err := s.translate(call{res: resolution{Provider: providerInfo{protocol: protocol}}}, read); err != nil {
+	if err := s.translate(call{res: resolution{Provider: providerInfo{protocol: protocol}}}, body, whole); err != nil {
 		return chatAnswer{}, err
 	}
 	a := chatAnswer{Finish: s.rd.finish, Usage: s.rd.usage}
@@ -55,7 +56,7 @@ func answerOf(protocol string, read func(r *streamReader) error) (chatAnswer, er
 
 // decodeUpstreamAnswer is the answer a 2xx buffered body of protocol gives.
 func decodeUpstreamAnswer(protocol string, body []byte) (chatAnswer, error) {
-	return answerOf(protocol, func(r *streamReader) error { return formatOf(protocol).decode(body, r) })
+	return answerOf(protocol, nil, body)
 }
 
 // renderAnswer is a as dialect's buffered body, written through the dialect's frames as readAnswer writes a provider's.

@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"encoding/base64"
 	"encoding/json"
+	"math"
 	"net/http"
 	"regexp"
 	"slices"
@@ -22,7 +23,7 @@ type (
 		ToolChoice    *messagesOption `json:"tool_choice,omitempty"`
 		StopSequences []string        `json:"stop_sequences,omitempty"`
 		Thinking      *messagesOption `json:"thinking,omitempty"`
-		OutputConfig  *messagesOption `json:"output_config,omitempty"`
+		OutputConfig  messagesOption  `json:"output_config,omitzero"`
 		OutputFormat  *outputFormat   `json:"output_format,omitempty"` // the beta name, read from callers
 	}
 	messagesTurn struct {
@@ -150,11 +151,10 @@ func parseMessages(cr *callerRequest) (chatRequest, error) {
 	} else {
 		req.drop(t.Type != "disabled", "thinking") // adaptive: no effort of its own to carry
 	}
-	o := valueOr(b.OutputConfig, messagesOption{})
-	if o.Effort != "" {
+	if o := b.OutputConfig; o.Effort != "" {
 		req.Effort, req.EffortName = o.Effort, "effort"
 	}
-	if f := cmp.Or(o.Format, b.OutputFormat); f != nil { // its type and schema: a name and strict are OpenAI's
+	if f := cmp.Or(b.OutputConfig.Format, b.OutputFormat); f != nil { // its type and schema: a name and strict are OpenAI's
 		err = cmp.Or(err, req.setOutput(&outputFormat{Type: f.Type, Schema: f.Schema}, "output_config.format"))
 	}
 	return req.finishParse(err, "messages must hold at least one user or assistant turn")
@@ -166,14 +166,14 @@ var messagesBlockMembers = map[string]string{"text": "type text", "image": "type
 
 // messagesParts reads a turn's content (role "result": a tool result's); other blocks and members are dropped and named.
 func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what string) ([]part, error) {
-	parts, err := callerParts(req, raw, what, "content blocks", func(bl messagesBlock, rb json.RawMessage, path string) (p part, err error) {
+	parts, err := callerParts(req, raw, what, "content blocks", func(bl messagesBlock, _ json.RawMessage, path string) (p part, _ string, err error) {
 		if bl.Type == "tool_use" && role != "assistant" || bl.Type == "tool_result" && role != "user" {
-			return p, refuse("invalid_request", "%s.type %s is not allowed in a %s turn", path, quoteCallerToken(bl.Type), role)
+			return p, "", refuse("invalid_request", "%s.type %s is not allowed in a %s turn", path, quoteCallerToken(bl.Type), role)
 		}
 		switch bl.Type {
 		case "text":
 			if bl.Text == nil {
-				return p, refuse("invalid_request", "%s.text is required", path)
+				return p, "", refuse("invalid_request", "%s.text is required", path)
 			}
 			p = part{Type: partText, Text: *bl.Text}
 		case "image", "document": // a source as the neutral URL: base64 data and text a data URL, a url source itself
@@ -186,9 +186,9 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 			case src.Type == "url":
 				url, err = src.URL, checkCallerURL(src.URL, path+".source.url")
 			case src.Type == "file": // a file reference (no counterpart): dropped
-				return p, nil
+				return p, "", nil
 			default:
-				return p, refuse("invalid_request", "%s.source must be base64 with a media_type, text, url or file", path)
+				return p, "", refuse("invalid_request", "%s.source must be base64 with a media_type, text, url or file", path)
 			}
 			p = part{Type: partImage, ImageURL: url}
 			if bl.Type == "document" {
@@ -210,11 +210,10 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 			}
 			p.IsError = bl.IsError
 		default: // thinking, …: dropped
-			return p, nil
+			return p, "", nil
 		}
-		req.dropUnknown(rb, messagesBlockMembers[bl.Type])
 		req.drop(bl.IsError, "is_error")
-		return p, err
+		return p, messagesBlockMembers[bl.Type], err
 	})
 	if err == nil && len(parts) == 0 && role != "result" {
 		return nil, refuse("invalid_request", "%s must hold at least one content block Brama can carry", what)
@@ -283,22 +282,28 @@ func encodeMessages(req *chatRequest, c call, h http.Header) ([]byte, error) {
 		out.System = jsonText(req.System)
 	}
 	req.drop(true, req.Shared.names()...)
-	budget, inLoop := effortBudgets[max(0, slices.Index(effortNames, req.Effort))], false // unknown names: none
-	if req.MaxTokens > 0 {
-		budget = min(budget, req.MaxTokens-1)
-	}
+	turns, inLoop := []messagesTurn{}, false // in a tool loop: the last assistant turn calls a tool
 	for _, m := range req.Messages {
-		if m.Role == "assistant" {
+		content, err := req.messagesContent(m.Parts)
+		if m.Role == "system" {
+			content = jsonText(textOf(m.Parts))
+		} else if m.Role == "assistant" {
 			inLoop = slices.ContainsFunc(m.Parts, func(p part) bool { return p.Type == partToolCall })
 		}
+		if err != nil {
+			return nil, err
+		} else if content != nil { // only empty text: the API refuses an empty turn
+			turns = append(turns, messagesTurn{Role: m.Role, Content: content})
+		}
 	}
-	var cfg messagesOption
-	if budget >= 1024 && !inLoop { // the API refuses temperature and top_p beside thinking
+	out.Messages = must(json.Marshal(turns))
+	budget := min(effortBudgets[max(0, slices.Index(effortNames, req.Effort))], cmp.Or(req.MaxTokens, math.MaxInt)-1)
+	if budget >= 1024 && !inLoop { // an unknown effort has none; the API refuses temperature and top_p beside thinking
 		req.drop(req.Temperature != nil, "temperature")
 		req.drop(req.TopP != nil, "top_p")
 		out.Thinking, out.Temperature, out.TopP = &messagesOption{Type: "enabled", BudgetTokens: budget}, nil, nil
 		if adaptiveModels.MatchString(c.res.Model) { // an effort, not a budget; Anthropic has no "minimal"
-			out.Thinking, cfg.Effort = &messagesOption{Type: "adaptive"}, strings.Replace(req.Effort, "minimal", "low", 1)
+			out.Thinking, out.OutputConfig.Effort = &messagesOption{Type: "adaptive"}, strings.Replace(req.Effort, "minimal", "low", 1)
 		}
 	} else {
 		req.drop(req.Effort != "", req.EffortName)
@@ -319,31 +324,17 @@ func encodeMessages(req *chatRequest, c call, h http.Header) ([]byte, error) {
 		out.ToolChoice = &messagesOption{Type: strings.Replace(c.Mode, toolChoiceRequired, "any", 1), Name: c.Name,
 			DisableParallelToolUse: ifSet(ptrTo(true), serial && c.Mode != toolChoiceNone)}
 	}
-	turns := []messagesTurn{}
-	for _, m := range req.Messages {
-		content, err := req.messagesContent(m.Parts)
-		if m.Role == "system" {
-			content = jsonText(textOf(m.Parts))
-		}
-		if err != nil {
-			return nil, err
-		} else if content != nil { // only empty text: the API refuses an empty turn
-			turns = append(turns, messagesTurn{Role: m.Role, Content: content})
-		}
-	}
-	out.Messages = must(json.Marshal(turns))
 	if f := req.Output; f != nil {
 		if f.Type != "json_schema" {
 			return nil, refuse("invalid_request", "structured output without a JSON Schema (JSON mode) cannot be expressed to an anthropic-messages provider; send a JSON Schema")
 		}
-		cfg.Format = &outputFormat{Type: f.Type, Schema: f.Schema}
+		out.OutputConfig.Format = &outputFormat{Type: f.Type, Schema: f.Schema}
 	}
-	out.OutputConfig = ifSet(&cfg, cfg != (messagesOption{}))
 	// SPEC §7.6: the structured-outputs beta, for a JSON Schema output format or a tool's strict, true or false.
 	if req.Output != nil || slices.ContainsFunc(req.Tools, func(t tool) bool { return t.Strict != nil }) {
 		h.Add("Anthropic-Beta", structuredOutputsBeta)
 	}
-	if cfg.Effort != "" {
+	if out.OutputConfig.Effort != "" {
 		h.Add("Anthropic-Beta", effortBeta)
 	}
 	return json.Marshal(out)
@@ -407,7 +398,7 @@ func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string)
 	case step == stepOpen:
 		cb := messagesBlock{Type: "text", Text: ptrTo("")}
 		if !b.text {
-			cb = messagesBlock{Type: "tool_use", ID: answerIDOr(b.id, "toolu_"), Name: b.name, Input: json.RawMessage(`{}`)}
+			cb = messagesBlock{Type: "tool_use", ID: cmp.Or(b.id, newAnswerID("toolu_")), Name: b.name, Input: json.RawMessage(`{}`)}
 		}
 		m.Content = append(m.Content, cb)
 		ev.ContentBlock = &cb
@@ -475,16 +466,13 @@ func (r *streamReader) readMessages(typ string, e rawObject) (keep, end bool, er
 func (r *streamReader) readBlock(typ string, index int, b, d *messagesBlock) error {
 	c, isTool := r.calls[index]
 	switch {
-	case typ == "content_block_start" && b.Type == "text":
-		return r.out.text(valueOr(b.Text, ""))
+	case typ == "content_block_start" && b.Type == "text", typ == "content_block_delta" && d.Type == "text_delta":
+		return r.out.text(valueOr(cmp.Or(b, d).Text, ""))
 	case typ == "content_block_start" && b.Type == "tool_use" && (b.Name == "" || isTool):
 		return eventWithout(protoAnthropic, typ, "a fresh index and a name")
 	case typ == "content_block_start" && b.Type == "tool_use":
-		r.calls[index] = &upstreamCall{tool: r.ncalls}
-		r.ncalls++
-		return r.out.call(r.calls[index].tool, part{Type: partToolCall, ToolCallID: b.ID, ToolName: b.Name})
-	case typ == "content_block_delta" && d.Type == "text_delta":
-		return r.out.text(valueOr(d.Text, ""))
+		r.calls[index], r.ncalls = &upstreamCall{tool: r.ncalls}, r.ncalls+1
+		return r.out.call(r.ncalls-1, part{Type: partToolCall, ToolCallID: b.ID, ToolName: b.Name})
 	case typ == "content_block_delta" && d.Type == "input_json_delta" && !isTool:
 		return eventWithout(protoAnthropic, typ, "a tool_use block")
 	case typ == "content_block_delta" && d.Type == "input_json_delta" && valueOr(d.PartialJSON, "") != "":

@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -111,15 +110,12 @@ func (o rawObject) writeEdited(w io.Writer, edits ...memberEdit) {
 		}
 		w.Write(seg)
 	}
-	for k, e := range edits {
-		if e.value == nil || o.value(e.key) != nil || slices.ContainsFunc(edits[:k], func(p memberEdit) bool { return p.key == e.key }) {
-			continue
+	for _, e := range edits { // an absent member after the rest; Brama's own keys are plain ASCII
+		if e.value != nil && o.value(e.key) == nil {
+			sep := []byte(",")[:boolCount(!first)]
+			w.Write(append(append(strconv.AppendQuote(sep, e.key), ':'), e.value...))
+			first = false
 		}
-		if !first {
-			w.Write([]byte{','})
-		}
-		first = false
-		w.Write(append(append(strconv.AppendQuote(nil, e.key), ':'), e.value...)) // Brama's own keys are plain ASCII
 	}
 	w.Write(o.src[tail:])
 }
@@ -363,28 +359,14 @@ func relayBuffered(w http.ResponseWriter, c call, resp *http.Response, attempts 
 	switch {
 	case err != nil:
 	case s != nil:
-		err = s.translate(c, func(r *streamReader) error {
-			if p.codex {
-				return r.run(resp.Body, nil)
-			}
-			return formatOf(p.protocol).decode(body, r)
-		})
+		err = s.translate(c, resp.Body, body)
 		if u = s.rd.usage; err == nil {
 			body, err = json.Marshal(s.whole)
 		}
 	case p.codex:
 		r := &streamReader{protocol: p.protocol, secret: c.cred.bearer(), raw: map[int][]byte{}}
-		if err = r.run(resp.Body, nil); err == nil && len(r.raw) == 0 {
-			body = r.final
-		} else if err == nil { // the final response, its output the output_item.done items in output_index order
-			var items [][]byte
-			for _, i := range slices.Sorted(maps.Keys(r.raw)) {
-				items = append(items, r.raw[i])
-			}
-			o, _ := splitRaw(r.final, '{', nil)
-			body = o.edit(memberEdit{"output", append(append([]byte("["), bytes.Join(items, []byte(","))...), ']')})
-		}
-		u = r.usage
+		err = r.run(resp.Body, nil)
+		body, u = r.final, r.usage
 	default:
 		ct = cmp.Or(resp.Header.Get("Content-Type"), ct)
 		o, notObject := parseRawObject(body) // not decoded: only its usage is read

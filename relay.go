@@ -34,8 +34,6 @@ type usage struct {
 
 func newAnswerID(prefix string) string { return prefix + rand.Text() }
 
-func answerIDOr(id, prefix string) string { return cmp.Or(id, newAnswerID(prefix)) }
-
 // writeAnswer writes a 200 answer with its attempts: a buffered body, or a stream's head.
 func writeAnswer(w http.ResponseWriter, contentType string, attempts int, body []byte) {
 	w.Header().Set("Content-Type", contentType)
@@ -98,7 +96,7 @@ func (s *callerStream) answer(c call, body io.Reader, translate, dropUsage bool)
 	defer s.mu.Unlock()
 	var err error
 	if s.body = body; translate {
-		err = s.translate(c, func(r *streamReader) error { return r.run(s, nil) })
+		err = s.translate(c, s, nil)
 	} else {
 		s.rd = streamReader{protocol: c.res.Provider.protocol, secret: c.cred.bearer(), dropUsage: dropUsage}
 		err = s.rd.run(s, s.write)
@@ -106,12 +104,15 @@ func (s *callerStream) answer(c call, body io.Reader, translate, dropUsage bool)
 	return s.rd.usage, err
 }
 
-// translate writes, start to finish, the answer read gives s's reader of c's protocol.
-func (s *callerStream) translate(c call, read func(r *streamReader) error) error {
+// translate writes, start to finish, the answer in c's protocol: whole, a buffered body, else the stream body.
+func (s *callerStream) translate(c call, body io.Reader, whole []byte) error {
 	err := s.frames(s, stepBegin, nil, "")
-	if err == nil {
-		s.rd = streamReader{protocol: c.res.Provider.protocol, secret: c.cred.bearer(), out: s, calls: map[int]*upstreamCall{}}
-		err = read(&s.rd)
+	s.rd = streamReader{protocol: c.res.Provider.protocol, secret: c.cred.bearer(), out: s, calls: map[int]*upstreamCall{}}
+	switch {
+	case err == nil && whole != nil:
+		err = formatOf(c.res.Provider.protocol).decode(whole, &s.rd)
+	case err == nil:
+		err = s.rd.run(body, nil)
 	}
 	if err == nil {
 		err = s.finish(nil)
@@ -309,7 +310,7 @@ type streamReader struct {
 	// chat: the choice indexes seen and finished (n ≤ 128), the calls after the first, held to the end
 	choices [2][2]uint64
 	held    []part
-	// a buffered codex caller (non-nil raw): output_item.done items by output_index, the final response
+	// a buffered codex caller (non-nil raw): output_item.done items by output_index, its answer (readResponses)
 	raw     map[int][]byte
 	final   json.RawMessage
 	scratch [2][16]jsonMember // member storage for an event and one of its members
@@ -327,11 +328,7 @@ type upstreamCall struct {
 // only after the terminal signal: a cut or in-band error is provider_incomplete, a malformed event
 // provider_failure. A chat stream ended without [DONE] gets it.
 func (r *streamReader) run(body io.Reader, relay func(block []byte, flush bool) error) error {
-	ends := "\n" // as newSSEReader says
-	if r.out != nil {
-		ends = "\r\n"
-	}
-	rd := newSSEReader(body, ends)
+	rd := newSSEReader(body, map[bool]string{false: "\n", true: "\r\n"}[r.out != nil]) // as newSSEReader says
 	for {
 		raw, event, data, err := rd.next()
 		switch {
@@ -365,8 +362,8 @@ func (r *streamReader) read(event string, data []byte) (keep, end bool, err erro
 		e, ok = splitRaw(data, '{', r.scratch[0][:])
 	}
 	typ := cmp.Or(string(rawText(e.value("type"))), event) // a switch on it allocates nothing
-	if event == "error" && r.protocol == protoAnthropic {
-		typ = event
+	if r.protocol == protoOpenAIChat || event == "error" && r.protocol == protoAnthropic {
+		typ = event // chat's events have no type
 	}
 	switch {
 	case data == nil:
@@ -377,14 +374,10 @@ func (r *streamReader) read(event string, data []byte) (keep, end bool, err erro
 		keep, end, err = true, true, r.ended()
 	case !ok:
 		err = eventWithout(r.protocol, "data", "one JSON object")
-	case r.protocol == protoOpenAIChat:
-		keep, err = r.readChat(event, e)
-	case typ == "":
+	case typ == "" && r.protocol != protoOpenAIChat:
 		err = eventWithout(r.protocol, "event", "a type")
-	case r.protocol == protoAnthropic:
-		keep, end, err = r.readMessages(typ, e)
 	default:
-		keep, end, err = r.readResponses(typ, e)
+		keep, end, err = formatOf(r.protocol).read(r, typ, e)
 	}
 	return keep, end, err
 }

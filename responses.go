@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"encoding/json"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -165,10 +166,10 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 
 // responsesParts reads content: a string or text, image and file parts; others (a refusal, a file id) are dropped and named.
 func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part, error) {
-	return callerParts(req, raw, what, "content parts", func(rp responsesPart, raw json.RawMessage, at string) (p part, err error) {
+	return callerParts(req, raw, what, "content parts", func(rp responsesPart, raw json.RawMessage, at string) (p part, _ string, err error) {
 		switch {
 		case (rp.Type == "input_text" || rp.Type == "output_text") && rp.Text == nil:
-			return p, refuse("invalid_request", "%s.text is required", at)
+			return p, "", refuse("invalid_request", "%s.text is required", at)
 		case rp.Type == "input_text" || rp.Type == "output_text":
 			p = part{Type: partText, Text: *rp.Text}
 		case rp.Type == "input_image" && rp.ImageURL != nil:
@@ -176,10 +177,9 @@ func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part
 		case rp.Type == "input_file" && rp.FileData+rp.FileURL != "":
 			p, err = part{Type: partDocument, FileURL: rp.FileData + rp.FileURL, Filename: rp.Filename}, checkCallerURL(rp.FileData+rp.FileURL, at)
 		default:
-			return p, nil
+			return p, "", nil
 		}
-		req.dropUnknown(raw, responsesPartMembers[rp.Type])
-		return p, err
+		return p, responsesPartMembers[rp.Type], err
 	})
 }
 
@@ -297,7 +297,7 @@ func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string
 	case stepOpen:
 		it := &responsesItem{Type: "message", ID: "msg_", Role: "assistant", Content: json.RawMessage("[]")} // ID: its prefix
 		if !b.text {
-			it = &responsesItem{Type: responsesCallTypes[b.custom], ID: "fc_", CallID: answerIDOr(b.id, "call_"), Namespace: b.namespace, Name: b.name}
+			it = &responsesItem{Type: responsesCallTypes[b.custom], ID: "fc_", CallID: cmp.Or(b.id, newAnswerID("call_")), Namespace: b.namespace, Name: b.name}
 			it.fill("")
 		}
 		it.ID, it.Status, s.resp.Output = newAnswerID(it.ID), "in_progress", append(s.resp.Output, it)
@@ -371,8 +371,15 @@ func (r *streamReader) readResponses(typ string, e rawObject) (keep, end bool, e
 			return false, false, eventWithout(protoOpenAIResponses, typ, "response")
 		}
 		r.usage, err = usageOf(r.protocol, resp.value("usage"))
-		if r.finished = true; r.raw != nil {
-			r.final = bytes.Clone(e.value("response"))
+		if r.finished = true; r.raw != nil { // a buffered codex caller's answer, its output the items ended, by output_index
+			r.final = bytes.Clone(resp.src)
+		}
+		if len(r.raw) > 0 {
+			var items [][]byte
+			for _, i := range slices.Sorted(maps.Keys(r.raw)) {
+				items = append(items, r.raw[i])
+			}
+			r.final = resp.edit(memberEdit{"output", append(append([]byte("["), bytes.Join(items, []byte(","))...), ']')})
 		}
 		if err == nil && r.out != nil {
 			err = decodeResponses(e.value("response"), r)

@@ -14,7 +14,7 @@ import (
 
 // assembleStream is a whole stream as one answer, as a buffered caller of codex gets it (SPEC §6.2).
 func assembleStream(protocol string, body io.Reader) (chatAnswer, error) {
-	return answerOf(protocol, func(r *streamReader) error { return r.run(body, nil) })
+	return answerOf(protocol, body, nil)
 }
 
 // streamEvent is one call a stream reader makes of its caller stream, as a value the tests compare.
@@ -66,7 +66,7 @@ func readEvents(protocol string, body io.Reader, each func(streamEvent) error) (
 		}
 		return nil
 	}}
-	err := s.translate(call{res: resolution{Provider: providerInfo{protocol: protocol}}}, func(r *streamReader) error { return r.run(body, nil) }) // the finish and usage follow
+	err := s.translate(call{res: resolution{Provider: providerInfo{protocol: protocol}}}, body, nil) // the finish and usage follow
 	if err == nil {
 		err = each(finish(s.rd.finish))
 	}
