@@ -402,11 +402,7 @@ func (s *callerStream) chatChunk(u *chatUsage, choices ...chatChoice) error {
 
 // readChat is the chat part of the one stream reader (relay.go's streamReader): each choice's finish_reason is the
 // terminal signal (n > 1: the last choice's); usage may follow alone.
-func (r *streamReader) readChat(event string, e rawObject) (keep, end bool, err error) {
-	if event == "error" || !rawIsNull(e.value("error")) {
-		f, _ := errorObject(e.value("error"))
-		return false, false, r.inBandError(cmp.Or(f.code, f.typ))
-	}
+func (r *streamReader) readChat(_ string, e rawObject) (keep, end bool, err error) {
 	u, err := usageOf(r.protocol, e.value("usage"))
 	choices, ok := splitRaw(e.value("choices"), '[', r.elems[:])
 	switch {

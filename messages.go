@@ -430,9 +430,6 @@ func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string)
 // readMessages: message_stop ends; usage comes in message_start and message_delta, whose output count is the whole.
 func (r *streamReader) readMessages(typ string, e rawObject) (keep, end bool, err error) {
 	switch typ {
-	case "error":
-		f, _ := errorObject(e.value("error"))
-		return false, false, r.inBandError(cmp.Or(f.typ, f.code))
 	case "message_start":
 		m, ok := splitRaw(e.value("message"), '{', r.scratch[1][:])
 		if !ok {

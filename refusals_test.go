@@ -184,7 +184,8 @@ func TestClassifyBeforeRedacting(t *testing.T) {
 	if !strings.HasSuffix(r.err.Message, "current quot[redacted]") {
 		t.Errorf("the quoted sentence is not redacted: %q", r.err.Message)
 	}
-	e := (&streamReader{secret: "a"}).inBandError("insufficient_quota")
+	ev, _ := splitRaw([]byte(`{"code":"insufficient_quota"}`), '{', nil)
+	e := (&streamReader{secret: "a"}).inBandError(ev)
 	var se *upstreamStreamError
 	if !errors.As(e, &se) || se.Class != refusalQuota || se.Code != "insufficient_quot[redacted]" || !strings.Contains(e.Message, `"insufficient_quot[redacted]"`) {
 		t.Errorf("in-band insufficient_quota with key %q: %v (%+v)", "a", e, se)

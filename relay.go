@@ -376,6 +376,8 @@ func (r *streamReader) read(event string, data []byte) (keep, end bool, err erro
 		err = eventWithout(r.protocol, "data", "one JSON object")
 	case typ == "" && r.protocol != protoOpenAIChat:
 		err = eventWithout(r.protocol, "event", "a type")
+	case typ == "error" || typ == "response.failed" || r.protocol == protoOpenAIChat && !rawIsNull(e.value("error")):
+		err = r.inBandError(e)
 	default:
 		keep, end, err = formatOf(r.protocol).read(r, typ, e)
 	}
@@ -416,9 +418,14 @@ type upstreamStreamError struct{ Code, Class string }
 
 func (e *upstreamStreamError) Error() string { return "provider stream error " + e.Code }
 
-// inBandError is provider_incomplete: the caller cannot know what was billed (SPEC §6.2, §7.5). Its code is classified
-// (the codes that say "rate", quotaCodes those that say "quota") before the credential is redacted from it.
-func (r *streamReader) inBandError(code string) *apiError {
+// inBandError is provider_incomplete: the caller cannot know what was billed (SPEC §6.2, §7.5). Its code, the event's,
+// its error's (Anthropic's names it in type) or its failed response's error's, is classified (the codes that say
+// "rate", quotaCodes those that say "quota") before the credential is redacted from it.
+func (r *streamReader) inBandError(e rawObject) *apiError {
+	code, _ := jsonScalar(e.value("code"))
+	f, _ := errorObject(e.value("error"))
+	failed, _ := errorObject(rawMember(e.value("response"), "error"))
+	code = cmp.Or(code, map[bool]string{true: f.typ}[r.protocol == protoAnthropic], f.code, f.typ, failed.code)
 	class := map[string]string{"rate_limit_exceeded": refusalRate, "rate_limit_error": refusalRate, "usage_limit_reached": refusalRate}[code]
 	if quotaCodes[code] {
 		class = refusalQuota

@@ -360,11 +360,6 @@ func outputText(text string) responsesPart {
 // keyed by output_index, and a buffered codex caller keeps each ended item as sent.
 func (r *streamReader) readResponses(typ string, e rawObject) (keep, end bool, err error) {
 	switch typ {
-	case "error", "response.failed": // the code is the event's, its error's, or its failed response's error's
-		code, _ := jsonScalar(e.value("code"))
-		f, _ := errorObject(e.value("error"))
-		failed, _ := errorObject(rawMember(e.value("response"), "error"))
-		return false, false, r.inBandError(cmp.Or(code, f.code, f.typ, failed.code))
 	case "response.completed", "response.incomplete":
 		resp, ok := splitRaw(e.value("response"), '{', r.scratch[1][:])
 		if !ok {
