@@ -376,7 +376,8 @@ func (r *streamReader) read(event string, data []byte) (keep, end bool, err erro
 		err = eventWithout(r.protocol, "data", "one JSON object")
 	case typ == "" && r.protocol != protoOpenAIChat:
 		err = eventWithout(r.protocol, "event", "a type")
-	case typ == "error" || typ == "response.failed" || r.protocol == protoOpenAIChat && !rawIsNull(e.value("error")):
+	case typ == "error" || r.protocol == protoOpenAIResponses && typ == "response.failed" ||
+		r.protocol == protoOpenAIChat && !rawIsNull(e.value("error")):
 		err = r.inBandError(e)
 	default:
 		keep, end, err = formatOf(r.protocol).read(r, typ, e)
