@@ -211,12 +211,6 @@ func (c *catalog) lookup(provider, model string) (info modelInfo, ok bool, cause
 	return info, ok, cause
 }
 
-// outputLimit is §6.4's max_tokens lookup: the model's output limit, or 0 with the cause.
-func (c *catalog) outputLimit(provider, model string) (int, string) {
-	info, _, cause := c.lookup(provider, model)
-	return int(info.Limit.Output), cause
-}
-
 // models lists provider's vendor's models, newest release first (unknown last), then by id (SPEC §7.3).
 func (c *catalog) models(provider string) []modelInfo {
 	data, _ := c.current() // parseCatalog leaves no vendor "": local-openai has none

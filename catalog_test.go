@@ -304,7 +304,7 @@ func TestCatalogFileSource(t *testing.T) {
 		if s.rewrite != 0 {
 			writeModel(s.rewrite)
 		}
-		got, cause := c.outputLimit("claude-code", "m")
+		got, cause := outputLimit(c, "claude-code", "m")
 		if got != s.wantLimit || cause != "" {
 			t.Errorf("%s: outputLimit = %d, %q; want %d", s.name, got, cause, s.wantLimit)
 		}
@@ -316,10 +316,10 @@ func TestCatalogFileSource(t *testing.T) {
 	// A failed re-read keeps the older copy and waits a TTL before the next try.
 	os.Remove(file)
 	clock.advance(900 * time.Second)
-	if got, _ := c.outputLimit("anthropic", "m"); got != 200 {
+	if got, _ := outputLimit(c, "anthropic", "m"); got != 200 {
 		t.Errorf("after a failed re-read: limit %d, want the older 200", got)
 	}
-	c.outputLimit("anthropic", "m")
+	outputLimit(c, "anthropic", "m")
 	if r := logs.reads(t); r != 3 {
 		t.Errorf("%d reads, want 3 (no retry within the TTL)", r)
 	}
@@ -353,7 +353,7 @@ func TestCatalogFileSourceCorrupt(t *testing.T) {
 			os.WriteFile(file, []byte(s.write), 0o644)
 			os.Chtimes(file, time.Time{}, clock.now()) // the test clock only moves on; the file's time with it
 		}
-		if got, _ := c.outputLimit("anthropic", "m"); got != s.wantLimit {
+		if got, _ := outputLimit(c, "anthropic", "m"); got != s.wantLimit {
 			t.Errorf("%s: outputLimit = %d, want %d", s.name, got, s.wantLimit)
 		}
 		if r := logs.reads(t); r != s.wantReads {
@@ -381,7 +381,7 @@ func TestCatalogURLStartReadsOnce(t *testing.T) {
 	wait, stop := startCatalog(t, c)
 	wait()
 	for range 10 {
-		if n, cause := c.outputLimit("anthropic", "claude-sonnet-4-5"); n != 64000 {
+		if n, cause := outputLimit(c, "anthropic", "claude-sonnet-4-5"); n != 64000 {
 			t.Fatalf("outputLimit = %d, %q; want 64000", n, cause)
 		}
 	}
@@ -540,7 +540,7 @@ func TestCatalogCache(t *testing.T) {
 				wait, _ := startCatalog(t, fresh)
 				wait()
 			}
-			if n, cause := fresh.outputLimit("codex", "gpt-5"); n != 128000 {
+			if n, cause := outputLimit(fresh, "codex", "gpt-5"); n != 128000 {
 				t.Errorf("outputLimit from the cache = %d, %q; want 128000", n, cause)
 			}
 		})
@@ -573,7 +573,7 @@ func TestCatalogNoStateDir(t *testing.T) {
 	c := newCatalog(st, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_URL": cs.srv.URL}), cs.srv.Client(), logs.logger(), clock.now)
 	wait, stop := startCatalog(t, c)
 	wait()
-	if n, cause := c.outputLimit("kimi", "kimi-k2-0711-preview"); n != 16384 {
+	if n, cause := outputLimit(c, "kimi", "kimi-k2-0711-preview"); n != 16384 {
 		t.Errorf("outputLimit from memory = %d, %q", n, cause)
 	}
 	clock.advance(time.Hour)
@@ -621,7 +621,7 @@ func TestCatalogOutputLimit(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, cause := c.outputLimit(tt.provider, tt.model)
+			got, cause := outputLimit(c, tt.provider, tt.model)
 			if got != tt.want || cause != tt.wantCause {
 				t.Errorf("outputLimit(%s, %s) = %d, %q; want %d, %q", tt.provider, tt.model, got, cause, tt.want, tt.wantCause)
 			}
@@ -714,4 +714,10 @@ func mustMarshal(t *testing.T, data catalogData) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// outputLimit is §6.4's max_tokens lookup as applyMaxTokens reads it: the model's output limit, or 0 with the cause.
+func outputLimit(c *catalog, provider, model string) (int, string) {
+	info, _, cause := c.lookup(provider, model)
+	return int(info.Limit.Output), cause
 }

@@ -133,11 +133,11 @@ func (e *engine) applyMaxTokens(req *chatRequest, res resolution) error {
 	if req.MaxTokens != 0 || res.Provider.codex {
 		return nil
 	}
-	limit, cause := e.catalog.outputLimit(res.Provider.id, res.Model)
-	if limit <= 0 && res.Provider.protocol == protoAnthropic {
+	info, _, cause := e.catalog.lookup(res.Provider.id, res.Model)
+	if info.Limit.Output <= 0 && res.Provider.protocol == protoAnthropic {
 		return refuse("invalid_request", "max_tokens is required: the model's own limit is unknown (%s)", cause)
 	}
-	req.MaxTokens = max(limit, 0)
+	req.MaxTokens = int(info.Limit.Output) // parseCatalog leaves it a whole count ≥ 0
 	return nil
 }
 

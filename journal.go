@@ -120,7 +120,7 @@ func (j *journal) append(rec journalRecord) error {
 	if _, err := guardFile("journal", j.name); err != nil && !errors.Is(err, errFileAbsent) {
 		return err
 	}
-	f, err := flockFile(j.name, os.O_APPEND, syscall.LOCK_EX) // no symlink since the guard
+	f, err := flockFile(j.name, os.O_RDWR|os.O_APPEND|os.O_CREATE, syscall.LOCK_EX) // no symlink since the guard
 	if err != nil {
 		return fmt.Errorf("journal: %w", err)
 	}

@@ -236,11 +236,8 @@ func (e *cliEnv) wrote(path string, err error, format string, args ...any) error
 	fmt.Fprintf(e.stderr, "brama: wrote %s\n", path)
 	if st := resolveState(e.getenv); st.dir != "" {
 		name := filepath.Join(st.dir, "serve.lock")
-		lock, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW, 0) // creates no file
-		if err == nil {
-			defer lock.Close()
-			err = syscall.Flock(int(lock.Fd()), syscall.LOCK_SH|syscall.LOCK_NB)
-		}
+		lock, err := flockFile(name, os.O_RDONLY, syscall.LOCK_SH|syscall.LOCK_NB) // a probe: creates no file
+		lock.Close()
 		if !errors.Is(err, syscall.EWOULDBLOCK) { // EWOULDBLOCK: a serve holds it
 			fmt.Fprintf(e.stderr, "brama: warning: no brama serve holds %s; the change serves once one starts: brama serve\n", name)
 		}

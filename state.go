@@ -273,7 +273,7 @@ func writeState(name string, v any) error {
 
 // withFileLock runs fn holding the flock on name+".lock" (SPEC §2.3).
 func withFileLock(name string, fn func() error) error {
-	lf, err := flockFile(name+".lock", 0, syscall.LOCK_EX)
+	lf, err := flockFile(name+".lock", os.O_CREATE, syscall.LOCK_EX)
 	if err != nil {
 		return fmt.Errorf("lock %s: %w", filepath.Base(name)+".lock", err)
 	}
@@ -281,12 +281,15 @@ func withFileLock(name string, fn func() error) error {
 	return fn()
 }
 
-// flockFile opens name with flag (0600, never through a planted symlink) and flocks it how (LOCK_EX, perhaps |LOCK_NB).
+// flockFile opens name with flag (0600, never through a planted symlink; O_CREATE makes its directory too) and flocks
+// it how (LOCK_EX or LOCK_SH, perhaps |LOCK_NB). Without O_CREATE it is a probe: it creates nothing.
 func flockFile(name string, flag, how int) (*os.File, error) {
-	if err := os.MkdirAll(filepath.Dir(name), 0o700); err != nil {
-		return nil, err
+	if flag&os.O_CREATE != 0 {
+		if err := os.MkdirAll(filepath.Dir(name), 0o700); err != nil {
+			return nil, err
+		}
 	}
-	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|flag, 0o600)
+	f, err := os.OpenFile(name, syscall.O_NOFOLLOW|flag, 0o600)
 	if err == nil {
 		err = syscall.Flock(int(f.Fd()), how)
 	}
@@ -303,7 +306,7 @@ func lockServe(s state) (*os.File, error) {
 		return nil, nil
 	}
 	name := filepath.Join(s.dir, "serve.lock")
-	f, err := flockFile(name, 0, syscall.LOCK_EX|syscall.LOCK_NB)
+	f, err := flockFile(name, os.O_CREATE, syscall.LOCK_EX|syscall.LOCK_NB)
 	if errors.Is(err, syscall.EWOULDBLOCK) {
 		return nil, fmt.Errorf("another brama serve holds %s", name)
 	}
