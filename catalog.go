@@ -303,7 +303,10 @@ func newPerfRegistry(st state, sy sys) *perfRegistry {
 	p.name, p.pathErr = st.path("perf telemetry", "perf.json")
 	var doc perfDocument
 	b, _, err := readGuarded("perf telemetry", p.name) // name "": absent
-	if err = cmp.Or(err, decodeStrict("perf telemetry", b, &doc)); err == nil {
+	if err == nil {
+		err = decodeStrict("perf telemetry", b, &doc)
+	}
+	if err == nil {
 		maps.Copy(p.entries, doc.Routes)
 	} else if !errors.Is(err, errFileAbsent) {
 		sy.log.Warn("perf_stats_unreadable", "cause", err.Error())

@@ -100,7 +100,10 @@ func serve(e *cliEnv, o opts, _ []string) error {
 	var localCreds map[string]string // {"provider":"api key",…} from stdin, keys trimmed; nil: the vault's are read
 	if o.b("local-credentials-stdin") {
 		b, err := io.ReadAll(e.in)
-		if err = cmp.Or(err, decodeStrict("-local-credentials-stdin", b, &localCreds)); err != nil || localCreds == nil {
+		if err == nil {
+			err = decodeStrict("-local-credentials-stdin", b, &localCreds)
+		}
+		if err != nil || localCreds == nil {
 			return cmp.Or(err, errors.New("-local-credentials-stdin: not a JSON object")) // null: no map
 		}
 		for p, key := range localCreds {
