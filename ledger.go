@@ -479,11 +479,15 @@ func windowLabel(mins float64, fallback string) string {
 	if !(mins >= 1) || mins >= planMaxResetSeconds || mins != math.Trunc(mins) {
 		return fallback
 	}
-	n := int64(mins)
-	for i, size := range []int64{24 * 60, 60, 1} {
-		if n%size == 0 {
-			return fmt.Sprintf("%d %s%s", n/size, []string{"day", "hour", "minute"}[i], map[bool]string{true: "s"}[n != size])
-		}
+	n, unit := int64(mins), "minute"
+	switch {
+	case n%(24*60) == 0:
+		n, unit = n/(24*60), "day"
+	case n%60 == 0:
+		n, unit = n/60, "hour"
 	}
-	return fallback // unreachable: size 1 divides every n
+	if n != 1 {
+		unit += "s"
+	}
+	return strconv.FormatInt(n, 10) + " " + unit
 }
