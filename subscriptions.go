@@ -375,9 +375,11 @@ func (inv *inventory) orphans() ([]string, error) {
 	if err = unusable(cmp.Or(err, verr)); err != nil {
 		return nil, err
 	}
-	return slices.DeleteFunc(slices.Sorted(maps.Keys(doc.Subscriptions)), func(id string) bool {
-		return slices.ContainsFunc(overlay.Items, func(it overlayItem) bool { return it.ID == id })
-	}), nil
+	orphans := maps.Clone(doc.Subscriptions) // linear in the subscriptions: /readyz calls it (SPEC §17)
+	for _, it := range overlay.Items {
+		delete(orphans, it.ID)
+	}
+	return slices.Sorted(maps.Keys(orphans)), nil
 }
 
 // overlayLost refuses a write while the overlay is missing or empty (0 bytes: a restore cut short; Brama never
@@ -405,7 +407,9 @@ func (inv *inventory) pruneOrphans() ([]string, error) {
 				"BRAMA_VAULT_FILE lies outside the state directory, maybe shared: nothing removed"))
 		}
 		return unusable(inv.vault.update(func(d *vaultDoc) error {
-			maps.DeleteFunc(d.Subscriptions, func(id string, _ vaultCredential) bool { return slices.Contains(orphans, id) })
+			for _, id := range orphans {
+				delete(d.Subscriptions, id)
+			}
 			return nil
 		}))
 	})
