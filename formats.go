@@ -369,11 +369,10 @@ func appendPart(msgs []message, role string, p part) []message {
 // finishParse refuses a request without a turn (refusal: the text saying so), else links calls to custom tools
 // and their results, whichever format they came from.
 func (req *chatRequest) finishParse(err error, refusal string) (chatRequest, error) {
-	if err == nil && len(req.Messages) == 0 {
-		err = refuse("invalid_request", "%s", refusal)
-	}
 	if err != nil {
 		return chatRequest{}, err
+	} else if len(req.Messages) == 0 {
+		return chatRequest{}, refuse("invalid_request", "%s", refusal)
 	}
 	custom := map[string]bool{}
 	for _, m := range req.Messages {
@@ -436,7 +435,7 @@ type sseReader struct {
 // newSSEReader reads blocks from r, lines ending at a byte of ends: translation's "\r\n" (WHATWG),
 // passthrough's "\n" (README: a bare "\r" is no line end, the caller reads what was sent).
 func newSSEReader(r io.Reader, ends string) *sseReader {
-	s := &sseReader{sc: *bufio.NewScanner(r), ends: ends, data: []byte{}} // data: non-nil, see next
+	s := &sseReader{sc: *bufio.NewScanner(r), ends: ends}
 	s.sc.Buffer(s.buf[:], math.MaxInt)
 	s.sc.Split(s.split)
 	return s
@@ -445,14 +444,12 @@ func newSSEReader(r io.Reader, ends string) *sseReader {
 // split cuts one line with its terminator ("\r\n", or one byte of ends); a final line without one is
 // io.ErrUnexpectedEOF (the body was cut). A long line comes a read at a time: the search resumes where the last one ended.
 func (s *sseReader) split(data []byte, atEOF bool) (int, []byte, error) {
-	i := bytes.IndexAny(data[s.searched:], s.ends)
-	if i >= 0 {
-		i += s.searched
-	}
+	n := bytes.IndexAny(data[s.searched:], s.ends)
+	i := s.searched + n
 	switch {
-	case i < 0 && atEOF && len(data) > 0 && (s.started || string(data) != "\ufeff"): // a lone BOM: an empty body
+	case n < 0 && atEOF && len(data) > 0 && (s.started || string(data) != "\ufeff"): // a lone BOM: an empty body
 		return 0, nil, io.ErrUnexpectedEOF
-	case i < 0:
+	case n < 0:
 		s.searched = len(data)
 		return 0, nil, nil
 	case data[i] == '\r' && i+1 == len(data) && !atEOF: // a "\n" may follow
@@ -487,12 +484,9 @@ func (s *sseReader) next() (raw []byte, event string, data []byte, err error) {
 		switch string(field) {
 		case "event":
 			event = string(value)
-		case "data":
-			if data != nil {
-				s.data = append(s.data, '\n')
-			}
-			s.data = append(s.data, value...)
-			data = s.data // non-nil even for an empty line: s.data starts non-nil
+		case "data": // each line ends in "\n", the last cut off; non-nil even for an empty line
+			s.data = append(append(s.data, value...), '\n')
+			data = s.data[:len(s.data)-1]
 		} // "id", "retry" and unknown fields carry nothing Brama uses
 	}
 	if err := s.sc.Err(); err != nil || len(s.raw) == 0 {

@@ -195,11 +195,10 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 				p = part{Type: partDocument, FileURL: url, Filename: bl.Title}
 			}
 		case "tool_use":
-			var in json.RawMessage // the rule of a schema: a JSON object, compacted
-			if in, err = checkSchema(bl.Input, path+".input"); err == nil && (bl.ID == "" || bl.Name == "") {
+			if bl.Input, err = checkSchema(bl.Input, path+".input"); err == nil && (bl.ID == "" || bl.Name == "") {
 				err = refuse("invalid_request", "%s needs an id and a name", path)
 			}
-			p = part{Type: partToolCall, ToolCallID: bl.ID, ToolName: bl.Name, Arguments: cmp.Or(string(in), "{}")}
+			p = part{Type: partToolCall, ToolCallID: bl.ID, ToolName: bl.Name, Arguments: cmp.Or(string(bl.Input), "{}")}
 		case "tool_result":
 			var inner []part
 			if !rawIsNull(bl.Content) {
@@ -421,8 +420,6 @@ func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string)
 		return cmp.Or(s.frame(ev.Type, ev), s.frame("message_stop", messagesEvent{Type: "message_stop"}))
 	case step == stepFail:
 		ev.Error = must(json.Marshal(s.failure.body().Error))
-	default:
-		return nil
 	}
 	return s.frame(ev.Type, ev)
 }
