@@ -14,7 +14,6 @@ import (
 	"os"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -143,8 +142,7 @@ func (c *catalog) readLocked() {
 		}
 		c.mu.Unlock()
 		if err == nil && c.cachePath != "" { // outside the lock: no lookup waits on the disk
-			body, _ := json.Marshal(data) // only maps, strings, numbers and string slices: it cannot fail
-			if err := writeState(c.cachePath, catalogCache{c.now().UTC(), body}); err != nil {
+			if err := writeState(c.cachePath, catalogCache{c.now().UTC(), must(json.Marshal(data))}); err != nil {
 				c.log.Warn("model_metadata_cache_write_failed", "cause", err.Error())
 			}
 		}
@@ -375,10 +373,10 @@ func writeMetrics(w io.Writer, perf map[string]perfEntry, extra map[string]float
 	}
 }
 
-// formatMetric is a value as Prometheus parses it: integers whole; FormatFloat spells NaN, +Inf and -Inf so.
+// formatMetric is a value as Prometheus parses it: integers whole; %g spells NaN, +Inf and -Inf so.
 func formatMetric(v float64) string {
 	if v == math.Trunc(v) && math.Abs(v) < 1e15 {
-		return strconv.FormatFloat(v, 'f', -1, 64)
+		return fmt.Sprintf("%.0f", v)
 	}
-	return strconv.FormatFloat(v, 'g', -1, 64)
+	return fmt.Sprintf("%g", v)
 }
