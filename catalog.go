@@ -14,7 +14,6 @@ import (
 	"os"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -97,7 +96,7 @@ func newCatalog(st state, getenv func(string) string, client *http.Client, log *
 		log.Warn("model_metadata_cache_unplaced", "cause", err.Error())
 	} else if b, _, err = readGuarded("model metadata cache", c.cachePath); err == nil {
 		if err = decodeStrict("model metadata cache", b, &cc); err == nil {
-			c.data, err = parseCatalog(cc.Body)
+			c.data, err = parseCatalog(cc.Body, nil)
 		}
 	}
 	switch {
@@ -136,28 +135,18 @@ func (c *catalog) readLocked() {
 		if err == nil && status/100 != 2 {
 			err = fmt.Errorf("HTTP status %d", status)
 		}
-		data, err := readCatalog(b, err)
+		data, err := parseCatalog(b, err)
 		c.mu.Lock()
 		if c.refreshing = false; err == nil || c.ctx.Err() == nil { // shutting down is no catalogue failure
 			c.settleLocked(data, err)
 		}
 		c.mu.Unlock()
 		if err == nil && c.cachePath != "" { // outside the lock: no lookup waits on the disk
-			body, _ := json.Marshal(data) // only maps, strings, numbers and string slices: it cannot fail
-			if err := writeState(c.cachePath, catalogCache{c.now().UTC(), body}); err != nil {
+			if err := writeState(c.cachePath, catalogCache{c.now().UTC(), must(json.Marshal(data))}); err != nil {
 				c.log.Warn("model_metadata_cache_write_failed", "cause", err.Error())
 			}
 		}
 	}()
-}
-
-// readCatalog parses what a read of the source returned, a failure as its bare cause: its errors quote neither the body, nor
-// the path (it may lie outside the state directory, and /readyz shows them) nor the URL (its query may hold a key).
-func readCatalog(b []byte, err error) (catalogData, error) {
-	if err != nil {
-		return nil, fmt.Errorf("catalogue read: %w", err)
-	}
-	return parseCatalog(b)
 }
 
 // settleLocked records a read that ended now: a good one replaces memory, a failed one keeps it; either waits one TTL.
@@ -186,7 +175,7 @@ func (c *catalog) current() (catalogData, string) {
 	case c.path != "" && (due || c.data == nil && fileID != c.fileID):
 		c.fileID = fileID
 		b, err := os.ReadFile(c.path)
-		c.settleLocked(readCatalog(b, cmp.Or(errors.Unwrap(err), err))) // a *fs.PathError's cause: not its path
+		c.settleLocked(parseCatalog(b, cmp.Or(errors.Unwrap(err), err))) // a *fs.PathError's cause: not its path
 	case c.wg != nil && !c.refreshing && due && c.ctx.Err() == nil:
 		c.readLocked()
 	}
@@ -220,14 +209,18 @@ func (c *catalog) models(provider string) []modelInfo {
 	})
 }
 
-// errCatalogShape is wrapped by every error of parseCatalog: the top level is not an object of vendor objects.
+// errCatalogShape is wrapped by every parse failure of parseCatalog: the top level is not an object of vendor objects.
 var errCatalogShape = errors.New("the model catalogue is not a JSON object of provider objects")
 
 // parseCatalog reads api.json, vendor → {"models": {id → model}}, strict only at the top: the document
-// grows, so what Brama does not understand (a member of the wrong type too) is left out.
-func parseCatalog(b []byte) (catalogData, error) {
+// grows, so what Brama does not understand (a member of the wrong type too) is left out. A failed read of the
+// source (readErr) is its bare cause: errors quote neither the body, nor the path (it may lie outside the state
+// directory, and /readyz shows them) nor the URL (its query may hold a key).
+func parseCatalog(b []byte, readErr error) (catalogData, error) {
 	var top map[string]json.RawMessage
-	if err := json.Unmarshal(b, &top); err != nil || top == nil {
+	if readErr != nil {
+		return nil, fmt.Errorf("catalogue read: %w", readErr)
+	} else if err := json.Unmarshal(b, &top); err != nil || top == nil {
 		return nil, fmt.Errorf("%w: %v", errCatalogShape, cmp.Or(err, errors.New("null")))
 	}
 	out := make(catalogData, len(top))
@@ -375,10 +368,10 @@ func writeMetrics(w io.Writer, perf map[string]perfEntry, extra map[string]float
 	}
 }
 
-// formatMetric is a value as Prometheus parses it: integers whole; FormatFloat spells NaN, +Inf and -Inf so.
+// formatMetric is a value as Prometheus parses it: integers whole; %g spells NaN, +Inf and -Inf so.
 func formatMetric(v float64) string {
 	if v == math.Trunc(v) && math.Abs(v) < 1e15 {
-		return strconv.FormatFloat(v, 'f', -1, 64)
+		return fmt.Sprintf("%.0f", v)
 	}
-	return strconv.FormatFloat(v, 'g', -1, 64)
+	return fmt.Sprintf("%g", v)
 }

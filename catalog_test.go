@@ -207,7 +207,7 @@ func TestParseCatalog(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := parseCatalog([]byte(tt.in))
+			got, err := parseCatalog([]byte(tt.in), nil)
 			if tt.wantErr {
 				if !errors.Is(err, errCatalogShape) {
 					t.Fatalf("parseCatalog error = %v, want errCatalogShape", err)
@@ -225,7 +225,7 @@ func TestParseCatalog(t *testing.T) {
 }
 
 func TestParseCatalogFixture(t *testing.T) {
-	got, err := parseCatalog(catalogFixture(t))
+	got, err := parseCatalog(catalogFixture(t), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +234,7 @@ func TestParseCatalogFixture(t *testing.T) {
 	if diff := cmp.Diff(want, got["anthropic"].Models["claude-sonnet-4-5"]); diff != "" {
 		t.Errorf("claude-sonnet-4-5 mismatch (-want +got):\n%s", diff)
 	}
-	again, err := parseCatalog(mustMarshal(t, got))
+	again, err := parseCatalog(mustMarshal(t, got), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -664,14 +664,14 @@ func FuzzParseCatalog(f *testing.F) {
 	f.Add([]byte(`{"a":null}`))
 	f.Add([]byte("{\"\xff\":{\"models\":{\"\xfe\":{\"modalities\":{\"input\":[\"\xfd\"]}}}}}"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		got, err := parseCatalog(data)
+		got, err := parseCatalog(data, nil)
 		if err != nil {
 			if !errors.Is(err, errCatalogShape) {
 				t.Fatalf("unclassified error: %v", err)
 			}
 			return
 		}
-		again, err := parseCatalog(mustMarshal(t, got))
+		again, err := parseCatalog(mustMarshal(t, got), nil)
 		if err != nil {
 			t.Fatalf("re-encoded catalogue refused: %v", err)
 		}

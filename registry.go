@@ -267,11 +267,9 @@ func newRegistry(path string, pathErr error, j *journal, log *slog.Logger) *regi
 // current returns the shared document; each distinct failure is logged once.
 func (r *registry) current() (*routesDoc, error) {
 	doc, err := r.load()
-	reason := "" // a success: the same failure after a repair is logged again
-	if err != nil {
-		reason = err.Error()
-	}
-	if r.lastLogged.Swap(reason) != reason && err != nil {
+	if err == nil {
+		r.lastLogged.Store("") // the same failure after a repair is logged again
+	} else if reason := err.Error(); r.lastLogged.Swap(reason) != reason {
 		r.log.Warn("inference_routes_invalid", "reason", reason)
 	}
 	return doc, err

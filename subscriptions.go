@@ -2,11 +2,9 @@ package main
 
 import (
 	"cmp"
-	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"log/slog"
 	"maps"
 	"path/filepath"
 	"regexp"
@@ -204,13 +202,11 @@ type donation struct {
 	OAuth    *oauthGrant `json:"oauth"`
 }
 
-// donatedSubscription is the 201 answer: metadata only, never the secret.
+// donatedSubscription is the 201 answer: the item's metadata (never the secret) and its status.
 type donatedSubscription struct {
-	ID       string `json:"id"`
-	Provider string `json:"provider"`
-	AgentID  string `json:"agent_id"`
-	Label    string `json:"label"`
-	Status   string `json:"status"`
+	overlayItem
+	CreatedAt string `json:"created_at,omitempty"` // unset: the item's is not part of the answer
+	Status    string `json:"status"`
 }
 
 // store is the one credential write (SPEC §10.1): an item without an ID is a donation under a fresh id, one with
@@ -276,8 +272,8 @@ func (inv *inventory) store(it overlayItem, cred vaultCredential, by string) (ov
 			rec.Result, rec.Detail = "failed", ledgerSentence("credential not replaced (client "+by+"): "+asAPIError(err).Message)
 		}
 		jerr := inv.j.append(rec)
-		level := map[bool]slog.Level{false: slog.LevelWarn, true: slog.LevelInfo}[err == nil && jerr == nil]
-		inv.log.Log(context.Background(), level, "subscription_sign_in", "subscription_id", it.ID, "agent_id", it.AgentID,
+		logAt := map[bool]func(string, ...any){false: inv.log.Warn, true: inv.log.Info}[err == nil && jerr == nil]
+		logAt("subscription_sign_in", "subscription_id", it.ID, "agent_id", it.AgentID,
 			"provider", it.Provider, "result", rec.Result, "detail", rec.Detail, "journal_error", jerr)
 		if jerr != nil && err == nil {
 			return it, refuse("dependency_unavailable", "%s was stored, but the journal refused the sign-in: %v", it.ID, jerr).because(jerr)
