@@ -202,11 +202,13 @@ type donation struct {
 	OAuth    *oauthGrant `json:"oauth"`
 }
 
-// donatedSubscription is the 201 answer: the item's metadata (never the secret) and its status.
+// donatedSubscription is the 201 answer: metadata only, never the secret.
 type donatedSubscription struct {
-	overlayItem
-	CreatedAt string `json:"created_at,omitempty"` // unset: the item's is not part of the answer
-	Status    string `json:"status"`
+	ID       string `json:"id"`
+	Provider string `json:"provider"`
+	AgentID  string `json:"agent_id"`
+	Label    string `json:"label"`
+	Status   string `json:"status"`
 }
 
 // store is the one credential write (SPEC §10.1): an item without an ID is a donation under a fresh id, one with
