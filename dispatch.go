@@ -42,7 +42,7 @@ type engine struct {
 	agent              string      // the paying agent of this request ("" for a direct route)
 	t                  *tally      // the request's record (server.go's requestInfo) written in place
 	reasons            []string    // "<subscription id or route>: <reason>"
-	rate, quota, auth  bool        // a call was refused 429, for quota, 401/403
+	met                []string    // the refusal classes of the calls made
 	rejectedStatus     int         // (selectors) the last 400, 404, 413 or 422 (SPEC §7.2.5 e)
 	refreshTransport   *apiError   // the first refresh that met no answer (SPEC §7.2.3)
 	blocks             []time.Time // the ends of the blocks met
@@ -216,10 +216,9 @@ candidates:
 			if sub != nil && j.rotate && e.t.attempts > made { // none once the caller hung up: no use of sub
 				e.ledger.recordUse(sub.ID, p.id, false, 0, 0)
 			}
-			switch {
+			switch e.met = append(e.met, ref.class); {
 			case ref.class == "" || !j.rotate && j.pool == nil: // a transport failure or cut body is potentially billable
 			case ref.class == refusalAuth: // the probe's is recorded, not retried
-				e.auth = true
 				vc, err := e.inv.credential(sub.ID) // what a sign-in or refresh put in the vault meanwhile gets the next call, marked nothing (SPEC §10.3, §11.1)
 				kept := err != nil || cmp.Or(cmp.Or(vc.OAuth, &oauthGrant{}).AccessToken, vc.APIKey) == c.cred.bearer()
 				if (!j.rotate || c.cred.AccessToken == "" || slices.Contains(e.refreshed, sub.ID)) && kept {
@@ -234,7 +233,6 @@ candidates:
 				continue
 			case ref.class == refusalRate || ref.class == refusalQuota:
 				e.blocks = append(e.blocks, e.ledger.block(sub.ID, p.id, ref.retryAfter, ref.sentence))
-				e.rate, e.quota = e.rate || ref.class == refusalRate, e.quota || ref.class == refusalQuota
 				e.note(sub.ID, map[bool]string{true: "rate limited: ", false: "quota exhausted: "}[ref.class == refusalRate]+ref.sentence)
 				continue
 			case ref.class == refusalModel && j.selects: // the next candidate may take the request
@@ -280,13 +278,13 @@ func (e *engine) exhausted(res resolution, tried bool, unfit *apiError) *apiErro
 		ae = refuse("subscription_unavailable", "every eligible subscription is blocked: %s", list)
 	case n == 0:
 		ae = refuse("subscription_reauthorization_required", "no subscription could be refreshed; sign in again: %s", list)
-	case e.rate:
+	case slices.Contains(e.met, refusalRate):
 		ae = refuse("provider_rate_limited", "the provider refused for rate: %s", list)
-	case e.quota:
+	case slices.Contains(e.met, refusalQuota):
 		ae = refuse("provider_quota_exhausted", "the provider says the quota is spent: %s", list)
-	case e.auth:
+	case slices.Contains(e.met, refusalAuth):
 		ae = refuse("subscription_reauthorization_required", "the provider refused the credentials; sign in again: %s", list)
-	default: // a call made but not answered set rate, quota or auth, or (a selector's) rejectedStatus: its last
+	default: // a call made but not answered met rate, quota or auth, or (a selector's) rejectedStatus: its last
 		ae = refuse("provider_rejected", "every candidate refused the request: %s", list).withStatus(e.rejectedStatus)
 	}
 	if ae.Status() == http.StatusTooManyRequests && len(e.blocks) > 0 { // SPEC §7.2.5
