@@ -15,10 +15,6 @@ import (
 	"time"
 )
 
-// The attempt engine (SPEC §7): plan checks before dispatch; attemptRoute walks candidates and who pays for them (a direct
-// key or a pool: order, refresh, blocks) within the budget table; send counts each call; commit settles the one answer,
-// exhausted is the one refusal of a walk without. answers.go answers each call kind, maintain.go probes. Then the core.
-
 // budget is what one candidate of a route kind may spend; a job carries its kind's.
 type budget struct {
 	calls   int  // the attempt limit on one candidate
@@ -81,10 +77,8 @@ func (e *engine) plan(cl client, req *chatRequest) (call, error) {
 		key, vaultErr = e.directKey(p)
 		return key != "" || vaultErr != nil
 	})
-	if err != nil {
-		return call{}, err
-	}
 	switch pool := res.Mode != modeDirect && res.Mode != modeAlias; {
+	case err != nil:
 	case pool && e.agent == "":
 		err = refuse("forbidden", "this route is paid by an agent's subscriptions; use a bearer bound to an agent: brama clients add ID -agent AGENT")
 	case pool || res.Provider.cred != credDirect: // a pool, or a deployment without a key, pays
