@@ -103,16 +103,14 @@ func (e *engine) planChat(cl client, req *callerRequest) (c call, cands []resolu
 		var names []string // OpenRouter's fallbacks: the allowlist holds for each (SPEC §3.1)
 		if json.Unmarshal(models, &names) != nil {
 			return c, nil, refuse("forbidden", "this client may not use models: it must be a list of model names")
-		}
-		if i := slices.IndexFunc(names, func(m string) bool { return !cl.mayUse("openrouter/" + m) }); i >= 0 {
+		} else if i := slices.IndexFunc(names, func(m string) bool { return !cl.mayUse("openrouter/" + m) }); i >= 0 {
 			return c, nil, refuse("forbidden", "this client may not use model %q (named in models)", "openrouter/"+names[i])
 		}
 	}
 	targets := []resolution{c.res}
 	if c.res.Mode == modeDirect || c.res.Mode == modeAlias || c.res.Mode == modeSubscription {
 		err = e.applyMaxTokens(&req.head, c.res)
-	} else {
-		cands, err = e.candidates(c.res)
+	} else if cands, err = e.candidates(c.res); err == nil {
 		targets = cands
 	}
 	if err == nil && slices.ContainsFunc(targets, func(t resolution) bool { return req.translates(t.Provider) }) {
