@@ -179,9 +179,8 @@ candidates:
 			}
 		}
 		begin, before, rejected := e.now(), e.t.attempts, false
-		for len(queue) > 0 && e.t.attempts-before < j.calls && !rejected { // a call that was not made ends the walk
+		for ; len(queue) > 0 && e.t.attempts-before < j.calls && !rejected; queue = queue[1:] { // a skip spends no call
 			c, sub := cand, &queue[0]
-			queue = queue[1:]
 			if !pays {
 				sub = nil
 			} else if c.cred, err = e.subscriptionCredential(ctx, j, *sub, ""); errors.Is(err, errSkipSubscription) {
@@ -218,7 +217,7 @@ candidates:
 					e.note(sub.ID, "authentication refused: "+ref.sentence)
 				} else if _, err := e.subscriptionCredential(ctx, j, *sub, c.cred.AccessToken); err == nil &&
 					e.t.attempts-before < j.calls {
-					queue = append([]overlayItem{*sub}, queue...) // refreshed: retried while a call remains
+					queue = append([]overlayItem{*sub}, queue...) // refreshed: sub stays next while a call remains
 				} else if err != nil && !errors.Is(err, errSkipSubscription) {
 					return asAPIError(err).withAttempts(e.t.attempts)
 				}
