@@ -252,7 +252,7 @@ func (e *engine) note(who, reason string) {
 // exhausted is a walk's one refusal without an answer (SPEC §7.2.5): after calls, from what they met; else from why not.
 func (e *engine) exhausted(res resolution, tried bool, unfit *apiError) *apiError {
 	n, list, route := e.t.attempts, strings.Join(e.reasons, "; "), cmp.Or(res.Route, res.Mode)
-	var ae *apiError
+	ae := refuse("provider_rejected", "every candidate refused the request: %s", list).withStatus(e.rejectedStatus)
 	switch {
 	case !tried && unfit != nil: // every usable candidate needs a max_tokens nobody knows (SPEC §6.4) or another format
 		return unfit
@@ -275,8 +275,6 @@ func (e *engine) exhausted(res resolution, tried bool, unfit *apiError) *apiErro
 		ae = refuse("provider_quota_exhausted", "the provider says the quota is spent: %s", list)
 	case slices.Contains(e.met, refusalAuth):
 		ae = refuse("subscription_reauthorization_required", "the provider refused the credentials; sign in again: %s", list)
-	default: // a call made but not answered met rate, quota or auth, or (a selector's) rejectedStatus: its last
-		ae = refuse("provider_rejected", "every candidate refused the request: %s", list).withStatus(e.rejectedStatus)
 	}
 	if ae.Status() == http.StatusTooManyRequests && len(e.blocks) > 0 { // SPEC §7.2.5
 		ae.RetryAfter = max(slices.MinFunc(e.blocks, time.Time.Compare).Sub(e.now()), time.Second)
