@@ -15,10 +15,6 @@ import (
 	"time"
 )
 
-// The attempt engine (SPEC §7): plan checks before dispatch; attemptRoute walks candidates and who pays for them (a direct
-// key or a pool: order, refresh, blocks) within the budget table; send counts each call; commit settles the one answer,
-// exhausted is the one refusal of a walk without. answers.go answers each call kind, maintain.go probes. Then the core.
-
 // budget is what one candidate of a route kind may spend; a job carries its kind's.
 type budget struct {
 	calls   int  // the attempt limit on one candidate
@@ -42,7 +38,7 @@ type engine struct {
 	agent              string      // the paying agent of this request ("" for a direct route)
 	t                  *tally      // the request's record (server.go's requestInfo) written in place
 	reasons            []string    // "<subscription id or route>: <reason>"
-	rate, quota, auth  bool        // a call was refused 429, for quota, 401/403
+	met                []string    // the refusal classes of the calls made
 	rejectedStatus     int         // (selectors) the last 400, 404, 413 or 422 (SPEC §7.2.5 e)
 	refreshTransport   *apiError   // the first refresh that met no answer (SPEC §7.2.3)
 	blocks             []time.Time // the ends of the blocks met
@@ -81,10 +77,8 @@ func (e *engine) plan(cl client, req *chatRequest) (call, error) {
 		key, vaultErr = e.directKey(p)
 		return key != "" || vaultErr != nil
 	})
-	if err != nil {
-		return call{}, err
-	}
 	switch pool := res.Mode != modeDirect && res.Mode != modeAlias; {
+	case err != nil:
 	case pool && e.agent == "":
 		err = refuse("forbidden", "this route is paid by an agent's subscriptions; use a bearer bound to an agent: brama clients add ID -agent AGENT")
 	case pool || res.Provider.cred != credDirect: // a pool, or a deployment without a key, pays
@@ -109,16 +103,14 @@ func (e *engine) planChat(cl client, req *callerRequest) (c call, cands []resolu
 		var names []string // OpenRouter's fallbacks: the allowlist holds for each (SPEC §3.1)
 		if json.Unmarshal(models, &names) != nil {
 			return c, nil, refuse("forbidden", "this client may not use models: it must be a list of model names")
-		}
-		if i := slices.IndexFunc(names, func(m string) bool { return !cl.mayUse("openrouter/" + m) }); i >= 0 {
+		} else if i := slices.IndexFunc(names, func(m string) bool { return !cl.mayUse("openrouter/" + m) }); i >= 0 {
 			return c, nil, refuse("forbidden", "this client may not use model %q (named in models)", "openrouter/"+names[i])
 		}
 	}
 	targets := []resolution{c.res}
 	if c.res.Mode == modeDirect || c.res.Mode == modeAlias || c.res.Mode == modeSubscription {
 		err = e.applyMaxTokens(&req.head, c.res)
-	} else {
-		cands, err = e.candidates(c.res)
+	} else if cands, err = e.candidates(c.res); err == nil {
 		targets = cands
 	}
 	if err == nil && slices.ContainsFunc(targets, func(t resolution) bool { return req.translates(t.Provider) }) {
@@ -187,9 +179,8 @@ candidates:
 			}
 		}
 		begin, before, rejected := e.now(), e.t.attempts, false
-		for len(queue) > 0 && e.t.attempts-before < j.calls && !rejected { // a call that was not made ends the walk
+		for ; len(queue) > 0 && e.t.attempts-before < j.calls && !rejected; queue = queue[1:] { // a skip spends no call
 			c, sub := cand, &queue[0]
-			queue = queue[1:]
 			if !pays {
 				sub = nil
 			} else if c.cred, err = e.subscriptionCredential(ctx, j, *sub, ""); errors.Is(err, errSkipSubscription) {
@@ -216,10 +207,9 @@ candidates:
 			if sub != nil && j.rotate && e.t.attempts > made { // none once the caller hung up: no use of sub
 				e.ledger.recordUse(sub.ID, p.id, false, 0, 0)
 			}
-			switch {
+			switch e.met = append(e.met, ref.class); {
 			case ref.class == "" || !j.rotate && j.pool == nil: // a transport failure or cut body is potentially billable
 			case ref.class == refusalAuth: // the probe's is recorded, not retried
-				e.auth = true
 				vc, err := e.inv.credential(sub.ID) // what a sign-in or refresh put in the vault meanwhile gets the next call, marked nothing (SPEC §10.3, §11.1)
 				kept := err != nil || cmp.Or(cmp.Or(vc.OAuth, &oauthGrant{}).AccessToken, vc.APIKey) == c.cred.bearer()
 				if (!j.rotate || c.cred.AccessToken == "" || slices.Contains(e.refreshed, sub.ID)) && kept {
@@ -227,14 +217,13 @@ candidates:
 					e.note(sub.ID, "authentication refused: "+ref.sentence)
 				} else if _, err := e.subscriptionCredential(ctx, j, *sub, c.cred.AccessToken); err == nil &&
 					e.t.attempts-before < j.calls {
-					queue = append([]overlayItem{*sub}, queue...) // refreshed: retried while a call remains
+					queue = append([]overlayItem{*sub}, queue...) // refreshed: sub stays next while a call remains
 				} else if err != nil && !errors.Is(err, errSkipSubscription) {
 					return asAPIError(err).withAttempts(e.t.attempts)
 				}
 				continue
 			case ref.class == refusalRate || ref.class == refusalQuota:
 				e.blocks = append(e.blocks, e.ledger.block(sub.ID, p.id, ref.retryAfter, ref.sentence))
-				e.rate, e.quota = e.rate || ref.class == refusalRate, e.quota || ref.class == refusalQuota
 				e.note(sub.ID, map[bool]string{true: "rate limited: ", false: "quota exhausted: "}[ref.class == refusalRate]+ref.sentence)
 				continue
 			case ref.class == refusalModel && j.selects: // the next candidate may take the request
@@ -263,7 +252,7 @@ func (e *engine) note(who, reason string) {
 // exhausted is a walk's one refusal without an answer (SPEC §7.2.5): after calls, from what they met; else from why not.
 func (e *engine) exhausted(res resolution, tried bool, unfit *apiError) *apiError {
 	n, list, route := e.t.attempts, strings.Join(e.reasons, "; "), cmp.Or(res.Route, res.Mode)
-	var ae *apiError
+	ae := refuse("provider_rejected", "every candidate refused the request: %s", list).withStatus(e.rejectedStatus)
 	switch {
 	case !tried && unfit != nil: // every usable candidate needs a max_tokens nobody knows (SPEC §6.4) or another format
 		return unfit
@@ -280,14 +269,12 @@ func (e *engine) exhausted(res resolution, tried bool, unfit *apiError) *apiErro
 		ae = refuse("subscription_unavailable", "every eligible subscription is blocked: %s", list)
 	case n == 0:
 		ae = refuse("subscription_reauthorization_required", "no subscription could be refreshed; sign in again: %s", list)
-	case e.rate:
+	case slices.Contains(e.met, refusalRate):
 		ae = refuse("provider_rate_limited", "the provider refused for rate: %s", list)
-	case e.quota:
+	case slices.Contains(e.met, refusalQuota):
 		ae = refuse("provider_quota_exhausted", "the provider says the quota is spent: %s", list)
-	case e.auth:
+	case slices.Contains(e.met, refusalAuth):
 		ae = refuse("subscription_reauthorization_required", "the provider refused the credentials; sign in again: %s", list)
-	default: // a call made but not answered set rate, quota or auth, or (a selector's) rejectedStatus: its last
-		ae = refuse("provider_rejected", "every candidate refused the request: %s", list).withStatus(e.rejectedStatus)
 	}
 	if ae.Status() == http.StatusTooManyRequests && len(e.blocks) > 0 { // SPEC §7.2.5
 		ae.RetryAfter = max(slices.MinFunc(e.blocks, time.Time.Compare).Sub(e.now()), time.Second)

@@ -315,14 +315,7 @@ func (m *maintainer) readUsage(ctx context.Context, s *passSub) {
 	if !s.reportable || !usageDue(m.o.ledger.entry(id), m.o.now()) {
 		return
 	}
-	cred, err := m.inv.credential(id)
-	if err == nil && cred.OAuth != nil && expiredForRequest(*cred.OAuth, m.o.now()) {
-		if err = m.refresh(ctx, s); err == nil || errors.Is(err, errRefreshSuperseded) { // its grant, or a sign-in's (SPEC §11.1)
-			cred, err = m.inv.credential(id)
-		} else {
-			err = fmt.Errorf("not read: the expired grant could not be refreshed: %w", err)
-		}
-	}
+	cred, err := m.refresh(ctx, s, func(g oauthGrant) bool { return expiredForRequest(g, m.o.now()) })
 	p, _ := lookupProvider(provider)
 	g, ws := cmp.Or(cred.OAuth, &oauthGrant{}), []planWindow(nil)
 	endpoint, uerr := p.usageEndpoint(m.o.getenv)
@@ -357,22 +350,25 @@ func (m *maintainer) readUsage(ctx context.Context, s *passSub) {
 // refreshIfDue makes s's one attempt when its grant is due, unless its read spent it (the usage pass or a request may have
 // refreshed it meanwhile); needs_reauthorization (set meanwhile too) waits for sign-in.
 func (m *maintainer) refreshIfDue(ctx context.Context, s *passSub) {
-	e := m.o.ledger.entry(s.it.ID)
-	cur, err := m.inv.credential(s.it.ID)
-	if s.oauth && !s.tried && e.Credential.State == credActive && err == nil && cur.OAuth != nil &&
-		refreshDue(*cur.OAuth, e.Credential.RefreshedAtMs, m.o.now()) {
-		m.refresh(ctx, s)
+	if e := m.o.ledger.entry(s.it.ID); s.oauth && e.Credential.State == credActive {
+		m.refresh(ctx, s, func(g oauthGrant) bool { return refreshDue(g, e.Credential.RefreshedAtMs, m.o.now()) })
 	}
 }
 
-// refresh is s's one refresh attempt of the pass.
-func (m *maintainer) refresh(ctx context.Context, s *passSub) error {
+// refresh reads s's credential after s's one refresh attempt of the pass, made when due finds its grant due (a failure errs).
+func (m *maintainer) refresh(ctx context.Context, s *passSub, due func(oauthGrant) bool) (vaultCredential, error) {
+	cred, err := m.inv.credential(s.it.ID)
+	if err != nil || cred.OAuth == nil || s.tried || !due(*cred.OAuth) {
+		return cred, err
+	}
 	s.tried = true
-	_, err := m.o.refresh(ctx, s.it.ID, s.it.Provider, "")
-	if ctx.Err() == nil {
+	if _, err = m.o.refresh(ctx, s.it.ID, s.it.Provider, ""); ctx.Err() == nil {
 		s.refreshed, s.refused = err == nil, err != nil && !errors.Is(err, errRefreshSuperseded)
 	}
-	return err
+	if err != nil && !errors.Is(err, errRefreshSuperseded) { // else its grant, or a sign-in's (SPEC §11.1)
+		return cred, fmt.Errorf("not read: the expired grant could not be refreshed: %w", err)
+	}
+	return m.inv.credential(s.it.ID)
 }
 
 // probe runs one completion probe on the live subscription it with model ("": the built-in one), as a request would meet
