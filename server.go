@@ -376,17 +376,13 @@ func reply[B any](status int, required bool, f func(*http.Request, *B) (any, err
 // the same one count as one), or the 401 saying what was wrong without quoting it.
 func presentedToken(h http.Header) (string, error) {
 	auth, keys := h.Values("Authorization"), h.Values("X-Api-Key")
-	toks, tok := map[string]bool{}, ""
-	for i, v := range append(keys[:len(keys):len(keys)], auth...) { // a copy: never edit r.Header
-		if scheme, t, ok := strings.Cut(v, " "); i >= len(keys) { // another scheme than Bearer carries no token of Brama's
-			v = map[bool]string{true: t}[ok && strings.EqualFold(scheme, "Bearer")]
-		}
-		if v = strings.TrimSpace(v); v != "" {
-			toks[v], tok = true, v
-		}
+	bearer, key := "", strings.TrimSpace(strings.Join(keys, "")) // joined: more than one value is refused below
+	if scheme, t, ok := strings.Cut(strings.Join(auth, ""), " "); ok && strings.EqualFold(scheme, "Bearer") {
+		bearer = strings.TrimSpace(t) // another scheme than Bearer carries no token of Brama's
 	}
+	tok := cmp.Or(bearer, key)
 	switch {
-	case len(auth) > 1 || len(keys) > 1 || len(toks) > 1 || strings.Contains(tok, ","): // one token, never a list
+	case len(auth) > 1 || len(keys) > 1 || tok != key && key != "" || strings.Contains(tok, ","): // one token, never a list
 		return "", refuse("unauthenticated", "two tokens: send one (ANTHROPIC_API_KEY and ANTHROPIC_AUTH_TOKEN both set?)")
 	case tok == "":
 		return "", refuse("unauthenticated", "no token: send Authorization: Bearer <token> or x-api-key")

@@ -104,8 +104,8 @@ func guardFile(role, name string, open bool) (f *os.File, id fileIdentity, err e
 	}
 	why := ""
 	switch {
-	case errors.Is(err, fs.ErrNotExist): // size -1: absence is an identity too, kept by a stateFile
-		return nil, fileIdentity{size: -1}, &fs.PathError{Op: role, Path: name, Err: errFileAbsent} // no formatting: a hot path
+	case errors.Is(err, fs.ErrNotExist): // size -1: absence is an identity a stateFile keeps; no formatting: a hot path
+		return nil, fileIdentity{size: -1}, &fs.PathError{Op: role, Path: name, Err: errFileAbsent}
 	case errors.Is(err, syscall.ELOOP) || err == nil && fi.Mode()&fs.ModeSymlink != 0:
 		why = "is a symlink; refusing to follow it"
 	case err != nil:
@@ -163,10 +163,9 @@ func (f *stateFile[T]) load() (T, error) {
 	_, id, _ := guardFile(f.role, f.path, false) // outside the lock: concurrent requests do not queue behind one lstat
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.id != (fileIdentity{}) && id == f.id {
-		return f.doc, f.err
+	if f.id == (fileIdentity{}) || id != f.id {
+		f.doc, f.id, f.err = f.read()
 	}
-	f.doc, f.id, f.err = f.read()
 	return f.doc, f.err
 }
 
