@@ -120,9 +120,7 @@ func guardFile(role, name string, open bool) (f *os.File, id fileIdentity, err e
 		st := fi.Sys().(*syscall.Stat_t)
 		return f, fileIdentity{dev: uint64(st.Dev), ino: st.Ino, size: fi.Size(), mtime: fi.ModTime()}, nil
 	}
-	if f != nil {
-		f.Close()
-	}
+	f.Close() // a nil *os.File answers ErrInvalid
 	if why != "" {
 		err = fmt.Errorf("%s %s %s", role, name, why)
 	}
