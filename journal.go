@@ -71,7 +71,6 @@ type journalFold struct {
 
 const maxReportedBadLines = 100 // unreadable lines /readyz names; the rest it counts
 
-// errJournalUnusable: a retried fsync can report success for lost bytes.
 var errJournalUnusable = errors.New("journal unusable after a failed fsync")
 
 // newJournal places the journal in st; without a state directory every operation refuses with the cause (SPEC §2.1).

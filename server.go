@@ -413,7 +413,7 @@ func (g transportGuard) allows(r *http.Request) bool {
 		return strings.TrimSpace(v[strings.LastIndex(v, ",")+1:])
 	}
 	xfp, fwd := last("X-Forwarded-Proto"), ""
-	for _, el := range strings.Split(last("Forwarded"), ";") {
+	for el := range strings.SplitSeq(last("Forwarded"), ";") {
 		if k, v, ok := strings.Cut(strings.TrimSpace(el), "="); ok && strings.EqualFold(k, "proto") {
 			fwd = strings.Trim(v, `"`)
 		}
