@@ -71,7 +71,6 @@ type journalFold struct {
 
 const maxReportedBadLines = 100 // unreadable lines /readyz names; the rest it counts
 
-// errJournalUnusable: a retried fsync can report success for lost bytes.
 var errJournalUnusable = errors.New("journal unusable after a failed fsync")
 
 // newJournal places the journal in st; without a state directory every operation refuses with the cause (SPEC §2.1).
@@ -90,7 +89,7 @@ func (j *journal) ready() error {
 		return j.broken
 	}
 	path, mode := j.name, uint32(0x2)
-	_, err := guardFile("journal", path)
+	_, _, err := guardFile("journal", path, false)
 	for errors.Is(err, errFileAbsent) || errors.Is(err, fs.ErrNotExist) && filepath.Dir(path) != path {
 		path, mode = filepath.Dir(path), 0x2|0x1 // a plain file fails X_OK
 		_, err = os.Stat(path)
@@ -117,7 +116,7 @@ func (j *journal) append(rec journalRecord) error {
 	}
 	rec.At = cmp.Or(rec.At, j.now().UTC().Format(journalTimeFormat))
 	line, _ := json.Marshal(rec) // strings only: it always marshals
-	if _, err := guardFile("journal", j.name); err != nil && !errors.Is(err, errFileAbsent) {
+	if _, _, err := guardFile("journal", j.name, false); err != nil && !errors.Is(err, errFileAbsent) {
 		return err
 	}
 	f, err := flockFile(j.name, os.O_RDWR|os.O_APPEND|os.O_CREATE, syscall.LOCK_EX) // no symlink since the guard
@@ -160,7 +159,7 @@ func (j *journal) size() (int64, error) {
 	if j.name == "" { // broken is then never written again
 		return 0, j.broken
 	}
-	id, err := guardFile("journal", j.name)
+	_, id, err := guardFile("journal", j.name, false)
 	if errors.Is(err, errFileAbsent) {
 		err = nil
 	}
@@ -207,7 +206,7 @@ func (j *journal) scan(fo *journalFold, visit func(journalRecord, string)) (torn
 	if j.name == "" {
 		return false, j.broken
 	}
-	f, full, err := openGuarded("journal", j.name)
+	f, full, err := guardFile("journal", j.name, true)
 	if err != nil && !errors.Is(err, errFileAbsent) {
 		return false, err
 	}

@@ -349,7 +349,7 @@ func (r *registry) commit(change func(doc *routesDoc) (*journalRecord, error)) (
 
 // migrateRegistry is `brama routes migrate` (SPEC §4.4): drop what schema 1 lacks, commit the rest under the lock.
 func migrateRegistry(path string) (committed []byte, dropped []string, err error) {
-	if _, err := guardFile(registryRole, path); err != nil {
+	if _, _, err := guardFile(registryRole, path, false); err != nil {
 		return nil, nil, err // before the lock: an absent file gets no lock file either
 	}
 	f := stateFile[*routesDoc]{role: registryRole, path: path, absentErr: true,

@@ -43,9 +43,8 @@ const defaultMaxRequestBytes = 64 << 20 // unless BRAMA_MAX_REQUEST_BYTES names 
 func (s *server) routes() {
 	s.mux = http.NewServeMux()
 	handle := func(pattern string, h handler) {
-		role := map[bool]string{true: roleAdmin}[strings.Contains(pattern, " /v1/admin/")]
 		s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-			if err := s.caller(role, w, r); err != nil {
+			if err := s.caller(w, r); err != nil {
 				s.fail(w, r, err)
 			} else if err := h(w, r); err != nil {
 				s.fail(w, r, err)
@@ -203,13 +202,8 @@ type requestInfo struct {
 	body                        []byte // the raw request body, read once by caller (nil: not yet)
 }
 
-// attemptsKey is the attempts to report; nil before dispatch (SPEC §8.1).
-func (ri *requestInfo) attemptsKey() *int {
-	if n := ri.attempts; n > 0 || ri.counted {
-		return &n
-	}
-	return nil
-}
+// dispatched: only a request that reached dispatch logs and sends its attempts, even 0 (SPEC §8.1).
+func (ri *requestInfo) dispatched() bool { return ri.attempts > 0 || ri.counted }
 
 type infoKey struct{} // infoFrom's key, set by ServeHTTP for every request
 
@@ -256,9 +250,8 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if testingOnlyBeforeLog != nil {
 			testingOnlyBeforeLog(r)
 		}
-		ri.outcome = cmp.Or(ri.outcome, "ok")
 		// A hang-up after the whole answer was written (the Codex CLI's after response.completed) leaves it ok.
-		if ri.outcome == "ok" && ri.attemptsKey() != nil && ri.broken && r.Context().Err() != nil {
+		if ri.outcome == "" && ri.dispatched() && ri.broken && r.Context().Err() != nil {
 			ri.outcome = "client_cancelled"
 		}
 		if ri.outcome == "client_cancelled" && context.Cause(r.Context()) == errServerShutdown {
@@ -268,11 +261,11 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		attrs := []slog.Attr{str("request_id", ri.requestID), str("method", r.Method), str("path", r.URL.Path),
 			num("status", ri.status), str("client_id", ri.client.ID), str("agent_id", ri.client.AgentID),
 			str("routing_mode", ri.routingMode), str("requested_model", ri.requestedModel), str("route", ri.route),
-			str("outcome", ri.outcome), slog.Bool("retryable", ri.retryable), slog.Int64("latency_ms", time.Since(start).Milliseconds()),
-			num("input_tokens", ri.input), num("output_tokens", ri.output), str("dropped", strings.Join(ri.dropped, ", ")),
-			slog.Bool("streamed", ri.streamed)}
-		if n := ri.attemptsKey(); n != nil {
-			attrs = append(attrs, num("attempts", *n))
+			str("outcome", cmp.Or(ri.outcome, "ok")), slog.Bool("retryable", ri.retryable),
+			slog.Int64("latency_ms", time.Since(start).Milliseconds()), num("input_tokens", ri.input),
+			num("output_tokens", ri.output), str("dropped", strings.Join(ri.dropped, ", ")), slog.Bool("streamed", ri.streamed)}
+		if ri.dispatched() {
+			attrs = append(attrs, num("attempts", ri.attempts))
 		}
 		s.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
 	}()
@@ -310,10 +303,10 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	}
 }
 
-// caller admits r for role ("": any client; roleAdmin for /v1/admin/*) by SPEC §3.1 and §3.2, recording
+// caller admits r (an admin client under /v1/admin/, else any) by SPEC §3.1 and §3.2, recording
 // who called before the body is read (SPEC §7.4), then reads the body whole within the limit.
-func (s *server) caller(role string, w http.ResponseWriter, r *http.Request) error {
-	ri := infoFrom(r.Context())
+func (s *server) caller(w http.ResponseWriter, r *http.Request) error {
+	ri, admin := infoFrom(r.Context()), strings.Contains(r.Pattern, " /v1/admin/")
 	tok, err := presentedToken(r.Header)
 	if err != nil {
 		return err
@@ -321,12 +314,12 @@ func (s *server) caller(role string, w http.ResponseWriter, r *http.Request) err
 		return err
 	}
 	switch agent, p := ri.client.AgentID, r.PathValue("agent_id"); {
-	case role != "" && ri.client.Role != role:
+	case admin && ri.client.Role != roleAdmin:
 		return refuse("forbidden", "this route needs an admin client")
 	case p == "": // not a route acting for an agent (SPEC §3.2)
 	case !idPattern.MatchString(p): // e.g. %2e%2e
 		return refuse("invalid_request", "agent id %q in the path must match [a-z0-9-]{1,64}", p)
-	case agent == "" && role != roleAdmin:
+	case agent == "" && !admin:
 		return refuse("forbidden", "this route acts for agent %q; use a bearer bound to it: brama clients add ID -agent %s", p, p)
 	case agent != "" && agent != p:
 		return refuse("forbidden", "this request acts for agent %q, not %q", agent, p)
@@ -354,18 +347,18 @@ func (s *server) caller(role string, w http.ResponseWriter, r *http.Request) err
 // strictly decoded into B (malformed JSON or an unknown member is a 400 naming it), f's value written with status.
 func reply[B any](status int, required bool, f func(*http.Request, *B) (any, error)) handler {
 	return func(w http.ResponseWriter, r *http.Request) error {
-		var b B
-		if body := infoFrom(r.Context()).body; required || r.Method == "POST" && len(bytes.TrimSpace(body)) > 0 {
-			if err := decodeStrict("request body", body, &b); err != nil {
+		ri, b := infoFrom(r.Context()), new(B)
+		if required || r.Method == "POST" && len(bytes.TrimSpace(ri.body)) > 0 {
+			if err := decodeStrict("request body", ri.body, b); err != nil {
 				return refuse("invalid_request", "%s", err.Error())
 			}
 		}
-		v, err := f(r, &b)
+		v, err := f(r, b)
 		if err != nil {
 			return err
 		}
-		if n := infoFrom(r.Context()).attemptsKey(); n != nil { // a probe's calls (SPEC §7.4)
-			w.Header().Set("Brama-Attempts", fmt.Sprint(*n))
+		if ri.dispatched() { // a probe's calls (SPEC §7.4)
+			w.Header().Set("Brama-Attempts", fmt.Sprint(ri.attempts))
 		}
 		writeJSON(w, status, v)
 		return nil
@@ -376,17 +369,13 @@ func reply[B any](status int, required bool, f func(*http.Request, *B) (any, err
 // the same one count as one), or the 401 saying what was wrong without quoting it.
 func presentedToken(h http.Header) (string, error) {
 	auth, keys := h.Values("Authorization"), h.Values("X-Api-Key")
-	toks, tok := map[string]bool{}, ""
-	for i, v := range append(keys[:len(keys):len(keys)], auth...) { // a copy: never edit r.Header
-		if scheme, t, ok := strings.Cut(v, " "); i >= len(keys) { // another scheme than Bearer carries no token of Brama's
-			v = map[bool]string{true: t}[ok && strings.EqualFold(scheme, "Bearer")]
-		}
-		if v = strings.TrimSpace(v); v != "" {
-			toks[v], tok = true, v
-		}
+	bearer, key := "", strings.TrimSpace(strings.Join(keys, "")) // joined: more than one value is refused below
+	if scheme, t, ok := strings.Cut(strings.Join(auth, ""), " "); ok && strings.EqualFold(scheme, "Bearer") {
+		bearer = strings.TrimSpace(t) // another scheme than Bearer carries no token of Brama's
 	}
+	tok := cmp.Or(bearer, key)
 	switch {
-	case len(auth) > 1 || len(keys) > 1 || len(toks) > 1 || strings.Contains(tok, ","): // one token, never a list
+	case len(auth) > 1 || len(keys) > 1 || tok != key && key != "" || strings.Contains(tok, ","): // one token, not a list
 		return "", refuse("unauthenticated", "two tokens: send one (ANTHROPIC_API_KEY and ANTHROPIC_AUTH_TOKEN both set?)")
 	case tok == "":
 		return "", refuse("unauthenticated", "no token: send Authorization: Bearer <token> or x-api-key")
@@ -424,7 +413,7 @@ func (g transportGuard) allows(r *http.Request) bool {
 		return strings.TrimSpace(v[strings.LastIndex(v, ",")+1:])
 	}
 	xfp, fwd := last("X-Forwarded-Proto"), ""
-	for _, el := range strings.Split(last("Forwarded"), ";") {
+	for el := range strings.SplitSeq(last("Forwarded"), ";") {
 		if k, v, ok := strings.Cut(strings.TrimSpace(el), "="); ok && strings.EqualFold(k, "proto") {
 			fwd = strings.Trim(v, `"`)
 		}

@@ -93,21 +93,23 @@ type fileIdentity struct {
 	mtime    time.Time
 }
 
-func guardFile(role, name string) (fileIdentity, error) {
-	fi, err := os.Lstat(name)
-	return checkFileInfo(role, name, fi, err)
-}
-
-// checkFileInfo is SPEC §2.2's reader guards on what Lstat or Fstat returned.
-func checkFileInfo(role, name string, fi fs.FileInfo, err error) (fileIdentity, error) {
+// guardFile is SPEC §2.2's reader guards on name's Lstat or, with open, on the file it opens: a name swapped after a
+// check cannot slip through, and a planted FIFO cannot hang the open. The file is nil unless the guards pass.
+func guardFile(role, name string, open bool) (f *os.File, id fileIdentity, err error) {
+	var fi fs.FileInfo
+	if !open {
+		fi, err = os.Lstat(name)
+	} else if f, err = os.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0); err == nil {
+		fi, err = f.Stat()
+	}
 	why := ""
 	switch {
-	case errors.Is(err, fs.ErrNotExist): // size -1: absence is an identity too, kept by a stateFile
-		return fileIdentity{size: -1}, &fs.PathError{Op: role, Path: name, Err: errFileAbsent} // no formatting: a hot path
+	case errors.Is(err, fs.ErrNotExist): // size -1: absence is an identity a stateFile keeps; no formatting: a hot path
+		return nil, fileIdentity{size: -1}, &fs.PathError{Op: role, Path: name, Err: errFileAbsent}
 	case errors.Is(err, syscall.ELOOP) || err == nil && fi.Mode()&fs.ModeSymlink != 0:
 		why = "is a symlink; refusing to follow it"
 	case err != nil:
-		return fileIdentity{}, fmt.Errorf("%s: %w", role, err)
+		err = fmt.Errorf("%s: %w", role, err)
 	case !fi.Mode().IsRegular():
 		why = "is not a regular file"
 	case int(fi.Sys().(*syscall.Stat_t).Uid) != os.Geteuid(): // Sys is a Stat_t on Unix (Brama needs flock)
@@ -116,28 +118,17 @@ func checkFileInfo(role, name string, fi fs.FileInfo, err error) (fileIdentity, 
 		why = fmt.Sprintf("has mode %#o; it must not be readable or writable by group or other (chmod 600)", fi.Mode().Perm())
 	default:
 		st := fi.Sys().(*syscall.Stat_t)
-		return fileIdentity{dev: uint64(st.Dev), ino: st.Ino, size: fi.Size(), mtime: fi.ModTime()}, nil
+		return f, fileIdentity{dev: uint64(st.Dev), ino: st.Ino, size: fi.Size(), mtime: fi.ModTime()}, nil
 	}
-	return fileIdentity{}, fmt.Errorf("%s %s %s", role, name, why)
-}
-
-// openGuarded guards the open file (a name swapped after a check cannot slip through); a planted FIFO cannot hang it.
-func openGuarded(role, name string) (*os.File, fileIdentity, error) {
-	f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
-	var fi fs.FileInfo
-	if err == nil {
-		fi, err = f.Stat()
+	f.Close() // a nil *os.File answers ErrInvalid
+	if why != "" {
+		err = fmt.Errorf("%s %s %s", role, name, why)
 	}
-	id, err := checkFileInfo(role, name, fi, err)
-	if err != nil && f != nil {
-		f.Close()
-		f = nil
-	}
-	return f, id, err
+	return nil, fileIdentity{}, err
 }
 
 func readGuarded(role, name string) ([]byte, fileIdentity, error) {
-	f, id, err := openGuarded(role, name)
+	f, id, err := guardFile(role, name, true)
 	if err != nil {
 		return nil, id, err
 	}
@@ -167,13 +158,12 @@ func (f *stateFile[T]) load() (T, error) {
 	if f.pathErr != nil && f.memory != nil { // set before serving starts
 		return *f.memory, nil
 	}
-	id, _ := guardFile(f.role, f.path) // outside the lock: concurrent requests do not queue behind one lstat
+	_, id, _ := guardFile(f.role, f.path, false) // outside the lock: concurrent requests do not queue behind one lstat
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.id != (fileIdentity{}) && id == f.id {
-		return f.doc, f.err
+	if f.id == (fileIdentity{}) || id != f.id {
+		f.doc, f.id, f.err = f.read()
 	}
-	f.doc, f.id, f.err = f.read()
 	return f.doc, f.err
 }
 

@@ -383,7 +383,7 @@ func (inv *inventory) orphans() ([]string, error) {
 // overlayLost refuses a write while the overlay is missing or empty (0 bytes: a restore cut short; Brama never
 // writes one) but the vault holds credentials: every one would look orphaned (SPEC §17).
 func (inv *inventory) overlayLost(held int) error {
-	id, err := guardFile(inv.overlay.role, inv.overlay.path)
+	_, id, err := guardFile(inv.overlay.role, inv.overlay.path, false)
 	if lost := errors.Is(err, errFileAbsent) || err == nil && id.size == 0; held == 0 || !lost {
 		return nil
 	}
