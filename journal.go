@@ -154,16 +154,20 @@ func (j *journal) append(rec journalRecord) error {
 	return nil
 }
 
-// size is the journal's size in bytes for /metrics (SPEC §13).
+// size is the journal's size in bytes for /metrics (SPEC §13); its error is what makes it unusable for /readyz: the
+// guards, no state directory, or a failed fsync (appends refuse from then on).
 func (j *journal) size() (int64, error) {
-	if j.name == "" { // broken is then never written again
-		return 0, j.broken
+	j.mu.Lock()
+	broken := j.broken
+	j.mu.Unlock()
+	if j.name == "" {
+		return 0, broken
 	}
 	_, id, err := guardFile("journal", j.name, false)
 	if errors.Is(err, errFileAbsent) {
 		err = nil
 	}
-	return max(id.size, 0), err // an absent file's identity has size -1
+	return max(id.size, 0), cmp.Or(err, broken) // an absent file's identity has size -1
 }
 
 // folded folds the lines completed since the last call, logging each bad one, and returns a copy: retire is true for the retired

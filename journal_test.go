@@ -438,6 +438,7 @@ func TestJournalSyncFailureMakesItUnusable(t *testing.T) {
 	}{
 		{"append", j.append(journalRecord{Kind: "retire", SubscriptionID: "sub_2"})},
 		{"ready", j.ready()},
+		{"size (/readyz)", func() error { _, err := j.size(); return err }()},
 	} {
 		if !errors.Is(op.err, errJournalUnusable) {
 			t.Errorf("%s after fsync failure = %v, want errJournalUnusable", op.name, op.err)
