@@ -246,9 +246,8 @@ func (l *ledger) recordWindows(id, provider string, ws []planWindow) {
 	})
 }
 
-// block blocks id after a rate or quota refusal (SPEC §7.2.4) for the stated wait, else until the last reset of a window it
-// holds used up, else defaultBlock; at most maxRetryAfter. It returns this block's end; the recorded one ends when the last
-// one stated does (two racing refusals).
+// block blocks id after a rate or quota refusal (SPEC §7.2.4) for the stated wait, else to the last reset of a used-up window,
+// else defaultBlock, at most maxRetryAfter. It returns this block's end; of two racing refusals the later end is recorded.
 func (l *ledger) block(id, provider string, stated time.Duration, reason string) (until time.Time) {
 	l.mutate(id, provider, true, func(e *ledgerEntry, now time.Time) {
 		used := time.Duration(0)
@@ -344,17 +343,17 @@ func refreshDue(g oauthGrant, refreshedAtMs int64, now time.Time) bool {
 func (l *ledger) nextDue(now time.Time, retired map[string]bool) (best time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	due := func(ms int64) {
+		if at := time.UnixMilli(ms); at.After(now) && (best.IsZero() || at.Before(best)) {
+			best = at
+		}
+	}
 	for id, e := range l.entries {
-		if e.Credential.State == credNeedsReauth || retired[id] {
-			continue
-		}
-		moments := []int64{e.Credential.ExpiresAtMs, e.Block.UntilMs}
-		for _, w := range e.Windows {
-			moments = append(moments, w.ResetsAtMs)
-		}
-		for _, ms := range moments {
-			if at := time.UnixMilli(ms); at.After(now) && (best.IsZero() || at.Before(best)) {
-				best = at
+		if e.Credential.State != credNeedsReauth && !retired[id] {
+			due(e.Credential.ExpiresAtMs)
+			due(e.Block.UntilMs)
+			for _, w := range e.Windows {
+				due(w.ResetsAtMs)
 			}
 		}
 	}
@@ -372,9 +371,7 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 		e.Provider = cmp.Or(provider, e.Provider)
 		fn(&e, now)
 		entries[id] = e
-		if immediate {
-			l.statusSeq.Add(1)
-		}
+		l.statusSeq.Add(uint64(boolCount(immediate)))
 	})
 }
 

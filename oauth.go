@@ -179,10 +179,8 @@ type endpointError struct {
 func (e *endpointError) Error() string {
 	got := map[bool]string{true: "no status", false: fmt.Sprintf("HTTP %d", e.Status)}[e.Status == 0]
 	msg := fmt.Sprintf("%s %s: %s, %d bytes received", cmp.Or(e.Op, "OAuth token POST"), e.Endpoint, got, e.Received)
-	if e.Definitive {
-		return msg + ": " + e.Sentence
-	} else if e.Err != nil {
-		return msg + ": " + e.Err.Error()
+	if e.Err != nil { // a definitive refusal's is the provider's word
+		return msg + ": " + cmp.Or(e.Sentence, e.Err.Error())
 	}
 	return msg
 }
@@ -277,10 +275,9 @@ func readTokenAnswer(endpoint string, status int, body []byte, readErr error, se
 		re.Err = fmt.Errorf("%w: %s", errTokenRefused, quote(ans.Error))
 	case ans.Error != "":
 		re.Err = errTokenRefused
-	case ans.AccessToken == "" || controlAt(ans.AccessToken) >= 0: // no header could carry it (SPEC §17)
-		re.Err = fmt.Errorf("%w: no access_token, or one holding a control character", errTokenMalformed)
-	case status/100 != 2:
-		re.Err = fmt.Errorf("%w: an access token with HTTP %d", errTokenMalformed, status)
+	// No header could carry an access token holding a control character (SPEC §17).
+	case status/100 != 2 || ans.AccessToken == "" || controlAt(ans.AccessToken) >= 0:
+		re.Err = fmt.Errorf("%w: no access_token in a 2xx answer, or one holding a control character", errTokenMalformed)
 	default:
 		return ans, nil
 	}

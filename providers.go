@@ -390,10 +390,7 @@ func statedWait(h http.Header, k string, now time.Time) time.Duration {
 	} else if t, err := http.ParseTime(v); err == nil {
 		s = t.Sub(now).Seconds()
 	}
-	if !(s > 0) { // one already over (or none) states none
-		return 0
-	}
-	return time.Duration(min(s, maxRetryAfter.Seconds()) * float64(time.Second))
+	return time.Duration(max(0, min(s, maxRetryAfter.Seconds())) * float64(time.Second)) // one already over states none
 }
 
 // classifyTransport maps a failed provider call to its code (SPEC §8.2): provider_incomplete once the request may be billed.
@@ -431,10 +428,9 @@ type kimiCounters struct {
 	}
 }
 
-// readUsage reads p's usage report (SPEC §11.2) leniently (a member of another type is absent; numbers take any JSON
-// value), taking what it recognizes of the undocumented shapes, never a guessed number: claude-code's members with a
-// utilization and a resets_at (anthropicWindows first, by traffic id), codex's rate_limit windows, kimi's used/limit
-// (limit > 0, else 1 − remaining/limit). Its error never quotes the body.
+// readUsage reads what it knows of p's undocumented usage report (SPEC §11.2), never a guessed number: claude-code's
+// members with a utilization and a resets_at (anthropicWindows first, by traffic id), codex's rate_limit windows,
+// kimi's used/limit (limit > 0, else 1 − remaining/limit). Its error never quotes the body.
 func (p providerInfo) readUsage(body []byte, now time.Time) (ws []planWindow, err error) {
 	var claude map[string]struct { // claude-code's members
 		Utilization number // a percent
