@@ -99,8 +99,7 @@ func nudge(ch chan struct{}) {
 	}
 }
 
-// persisted is a map kept in memory and written whole to its state file (ledger.json, SPEC §10.3; perf.json, §13): at once
-// when asked or when the last write is every old, else by one write-behind.
+// persisted is a map kept in memory and written whole to its state file (ledger.json, SPEC §10.3; perf.json, §13).
 type persisted[V any] struct {
 	sys
 	name      string // the file; "" when there is none (pathErr, or an unreadable file kept for repair)
@@ -305,8 +304,7 @@ func (l *ledger) recordCheck(id, provider string, probe, ok bool, detail string)
 	})
 }
 
-// freedom is how free id is at now, compared in order (SPEC §7.2.2): unblocked first, then the least full (the highest
-// used_fraction of its windows not yet reset).
+// freedom ranks id at now, lowest first (SPEC §7.2.2): blocked or not, then its highest used_fraction not yet reset.
 func (l *ledger) freedom(id string, now time.Time) []float64 {
 	e, full := l.entry(id), 0.0
 	for _, w := range e.Windows {
@@ -403,10 +401,9 @@ func parsePlanWindows(provider string, h http.Header, now time.Time) (ws []planW
 		}
 	}
 	for _, which := range []string{"primary", "secondary"} {
-		key := "x-codex-" + which + "-"
-		mins := get(key + "window-minutes")
-		r := codexReading{UsedPercent: get(key + "used-percent"), Seconds: number{v: mins.v * 60, ok: mins.ok},
-			After: get(key + "reset-after-seconds"), ResetAt: get(key + "reset-at")}
+		codex := func(k string) number { return get("x-codex-" + which + "-" + k) }
+		r := codexReading{codex("used-percent"), codex("window-minutes"), codex("reset-after-seconds"), codex("reset-at")}
+		r.Seconds.v *= 60 // the header states minutes
 		if w, ok := r.codexWindow(which, now, windowSourceTraffic); provider == "codex" && ok {
 			ws = append(ws, w)
 		}

@@ -245,9 +245,6 @@ type tokenAnswer struct {
 // failure, even a 401 whose body ended early (readErr): no evidence the grant was disowned (seed, "Cancellation and retry").
 func readTokenAnswer(endpoint string, status int, body []byte, readErr error, secrets ...string) (tokenAnswer, error) {
 	re := &endpointError{Endpoint: endpoint, Status: status, Received: len(body), Err: readErr}
-	if readErr != nil {
-		return tokenAnswer{}, re
-	}
 	var raw struct {
 		tokenAnswer
 		Expires number          `json:"expires_in"` // a number, or a string holding one
@@ -269,6 +266,8 @@ func readTokenAnswer(endpoint string, status int, body []byte, readErr error, se
 	secrets = slices.DeleteFunc(slices.Clone(secrets), func(s string) bool { return len(s) < 8 })
 	quote := func(s string) string { return cleanQuoted(redact(s, secrets...), "", maxSentenceBytes) }
 	switch {
+	case readErr != nil:
+		return tokenAnswer{}, re
 	case !strings.HasPrefix(strings.TrimSpace(string(body)), "{") || err != nil && !errors.As(err, new(*json.UnmarshalTypeError)):
 		ans, re.Err = tokenAnswer{}, fmt.Errorf("%w: not a JSON object", errTokenMalformed)
 	case ans.Error != "" && oauthErrorCode.MatchString(ans.Error):
