@@ -338,10 +338,9 @@ func newSignIn(provider string) (signIn, error) {
 	return s, nil
 }
 
-// exchangeCode is the sign-in's exchange of what the user pasted for a grant (SPEC §11.1, RFC 6749 §4.1.3 with PKCE).
+// exchangeCode trades what was pasted (a redirect URL, "code#state" or a code) for a grant (SPEC §11.1, RFC 7636).
 func (o *oauthClient) exchangeCode(ctx context.Context, s signIn, code string) (oauthGrant, error) {
 	p, _ := lookupProvider(s.provider)
-	// What was pasted: a redirect URL (codex), "code#state" (claude-code's page) or a bare code.
 	code, pasted, _ := strings.Cut(strings.TrimSpace(code), "#")
 	if u, err := url.Parse(code); err == nil && u.Scheme != "" && u.Host != "" {
 		code, pasted = u.Query().Get("code"), u.Query().Get("state")
