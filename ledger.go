@@ -460,7 +460,6 @@ func numberOf(s string) number {
 	return number{}
 }
 
-// epochMs keeps epoch milliseconds after the epoch and within planMaxResetSeconds; else 0.
 func epochMs(f float64) int64 {
 	if !(f > 0 && f <= planMaxResetSeconds*1000) {
 		return 0

@@ -92,7 +92,6 @@ func lookupProvider(id string) (providerInfo, bool) {
 	return providerTable[i], true
 }
 
-// usageReadable says whether cred reads p's usage report.
 func (p providerInfo) usageReadable(cred vaultCredential) bool {
 	return p.usage != "" && (cred.OAuth != nil || p.usageAPIKey && cred.APIKey != "")
 }
