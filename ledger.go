@@ -175,8 +175,7 @@ func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 	f.path, f.pathErr = st.path("ledger", ledgerFile)
 	l := &ledger{changed: make(chan struct{}, 1), persisted: persisted[ledgerEntry]{sys: sys{log, now}, every: ledgerWriteEvery,
 		afterFunc: afterFunc, logAs: [2]string{"ledger_unplaced", "ledger_write_failed"}, entries: map[string]ledgerEntry{},
-		doc:     func(m map[string]ledgerEntry, _ time.Time) any { return ledgerDoc{SchemaVersion: 1, Subscriptions: m} },
-		pathErr: f.pathErr}}
+		doc: func(m map[string]ledgerEntry, _ time.Time) any { return ledgerDoc{1, m} }, pathErr: f.pathErr}}
 	switch entries, _, err := f.read(); {
 	case err == nil:
 		l.name, l.entries = f.path, entries

@@ -167,13 +167,11 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 
 // endpointError is a failed token call or usage read, naming endpoint, status and bytes, never quoting a body (SPEC §11.1).
 type endpointError struct {
-	Op         string // "": a token call
-	Definitive bool   // the grant was disowned; Sentence (redacted, ≤200 bytes) is the provider's word
-	Endpoint   string // checkBaseURL holds it to scheme, host and path
-	Status     int    // 0: none was received
-	Received   int
-	Sentence   string
-	Err        error // nil for a plain non-2xx usage answer
+	Op, Endpoint     string // Op "": a token call; checkBaseURL holds Endpoint to scheme, host and path
+	Status, Received int    // Status 0: none was received
+	Definitive       bool   // the grant was disowned; Sentence (redacted, ≤200 bytes) is the provider's word
+	Sentence         string
+	Err              error // nil for a plain non-2xx usage answer
 }
 
 func (e *endpointError) Error() string {

@@ -42,8 +42,7 @@ type providerInfo struct {
 	limitName          string    // the output limit its chat calls set, if not max_tokens (OpenAI's reasoning models refuse it)
 
 	tokenURL, clientID string // "" without OAuth grants; tokenURL: BRAMA_OAUTH_<ID>_TOKEN_URL overrides
-	form               bool   // the token endpoint takes a form body, not JSON
-	echoState          bool   // the sign-in's exchange sends the state back
+	form, echoState    bool   // the token endpoint takes a form body, not JSON; the sign-in's exchange echoes the state
 
 	authorizeURL, redirectURI, scope string     // authorizeURL "": no sign-in
 	extra                            url.Values // further authorize parameters
