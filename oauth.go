@@ -272,8 +272,7 @@ func readTokenAnswer(endpoint string, status int, body []byte, readErr error, se
 		re.Err = fmt.Errorf("%w: %s", errTokenRefused, quote(ans.Error))
 	case ans.Error != "":
 		re.Err = errTokenRefused
-	// No header could carry an access token holding a control character (SPEC §17).
-	case status/100 != 2 || ans.AccessToken == "" || controlAt(ans.AccessToken) >= 0:
+	case status/100 != 2 || ans.AccessToken == "" || controlAt(ans.AccessToken) >= 0: // no header carries it (SPEC §17)
 		re.Err = fmt.Errorf("%w: no access_token in a 2xx answer, or one holding a control character", errTokenMalformed)
 	default:
 		return ans, nil
