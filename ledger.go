@@ -99,8 +99,7 @@ func nudge(ch chan struct{}) {
 	}
 }
 
-// persisted is a map kept in memory and written whole to its state file (ledger.json, SPEC §10.3; perf.json, §13): at once
-// when asked or when the last write is every old, else by one write-behind.
+// persisted is a map kept in memory and written whole to its state file (ledger.json, SPEC §10.3; perf.json, §13).
 type persisted[V any] struct {
 	sys
 	name      string // the file; "" when there is none (pathErr, or an unreadable file kept for repair)
@@ -176,8 +175,7 @@ func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 	f.path, f.pathErr = st.path("ledger", ledgerFile)
 	l := &ledger{changed: make(chan struct{}, 1), persisted: persisted[ledgerEntry]{sys: sys{log, now}, every: ledgerWriteEvery,
 		afterFunc: afterFunc, logAs: [2]string{"ledger_unplaced", "ledger_write_failed"}, entries: map[string]ledgerEntry{},
-		doc:     func(m map[string]ledgerEntry, _ time.Time) any { return ledgerDoc{SchemaVersion: 1, Subscriptions: m} },
-		pathErr: f.pathErr}}
+		doc: func(m map[string]ledgerEntry, _ time.Time) any { return ledgerDoc{1, m} }, pathErr: f.pathErr}}
 	switch entries, _, err := f.read(); {
 	case err == nil:
 		l.name, l.entries = f.path, entries
@@ -246,9 +244,8 @@ func (l *ledger) recordWindows(id, provider string, ws []planWindow) {
 	})
 }
 
-// block blocks id after a rate or quota refusal (SPEC §7.2.4) for the stated wait, else until the last reset of a window it
-// holds used up, else defaultBlock; at most maxRetryAfter. It returns this block's end; the recorded one ends when the last
-// one stated does (two racing refusals).
+// block blocks id after a rate or quota refusal (SPEC §7.2.4) for the stated wait, else to the last reset of a used-up window,
+// else defaultBlock, at most maxRetryAfter. It returns this block's end; of two racing refusals the later end is recorded.
 func (l *ledger) block(id, provider string, stated time.Duration, reason string) (until time.Time) {
 	l.mutate(id, provider, true, func(e *ledgerEntry, now time.Time) {
 		used := time.Duration(0)
@@ -306,8 +303,7 @@ func (l *ledger) recordCheck(id, provider string, probe, ok bool, detail string)
 	})
 }
 
-// freedom is how free id is at now, compared in order (SPEC §7.2.2): unblocked first, then the least full (the highest
-// used_fraction of its windows not yet reset).
+// freedom ranks id at now, lowest first (SPEC §7.2.2): blocked or not, then its highest used_fraction not yet reset.
 func (l *ledger) freedom(id string, now time.Time) []float64 {
 	e, full := l.entry(id), 0.0
 	for _, w := range e.Windows {
@@ -344,17 +340,17 @@ func refreshDue(g oauthGrant, refreshedAtMs int64, now time.Time) bool {
 func (l *ledger) nextDue(now time.Time, retired map[string]bool) (best time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	due := func(ms int64) {
+		if at := time.UnixMilli(ms); at.After(now) && (best.IsZero() || at.Before(best)) {
+			best = at
+		}
+	}
 	for id, e := range l.entries {
-		if e.Credential.State == credNeedsReauth || retired[id] {
-			continue
-		}
-		moments := []int64{e.Credential.ExpiresAtMs, e.Block.UntilMs}
-		for _, w := range e.Windows {
-			moments = append(moments, w.ResetsAtMs)
-		}
-		for _, ms := range moments {
-			if at := time.UnixMilli(ms); at.After(now) && (best.IsZero() || at.Before(best)) {
-				best = at
+		if e.Credential.State != credNeedsReauth && !retired[id] {
+			due(e.Credential.ExpiresAtMs)
+			due(e.Block.UntilMs)
+			for _, w := range e.Windows {
+				due(w.ResetsAtMs)
 			}
 		}
 	}
@@ -372,9 +368,7 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 		e.Provider = cmp.Or(provider, e.Provider)
 		fn(&e, now)
 		entries[id] = e
-		if immediate {
-			l.statusSeq.Add(1)
-		}
+		l.statusSeq.Add(uint64(boolCount(immediate)))
 	})
 }
 
@@ -406,10 +400,9 @@ func parsePlanWindows(provider string, h http.Header, now time.Time) (ws []planW
 		}
 	}
 	for _, which := range []string{"primary", "secondary"} {
-		key := "x-codex-" + which + "-"
-		mins := get(key + "window-minutes")
-		r := codexReading{UsedPercent: get(key + "used-percent"), Seconds: number{v: mins.v * 60, ok: mins.ok},
-			After: get(key + "reset-after-seconds"), ResetAt: get(key + "reset-at")}
+		codex := func(k string) number { return get("x-codex-" + which + "-" + k) }
+		r := codexReading{codex("used-percent"), codex("window-minutes"), codex("reset-after-seconds"), codex("reset-at")}
+		r.Seconds.v *= 60 // the header states minutes
 		if w, ok := r.codexWindow(which, now, windowSourceTraffic); provider == "codex" && ok {
 			ws = append(ws, w)
 		}
@@ -466,7 +459,6 @@ func numberOf(s string) number {
 	return number{}
 }
 
-// epochMs keeps epoch milliseconds after the epoch and within planMaxResetSeconds; else 0.
 func epochMs(f float64) int64 {
 	if !(f > 0 && f <= planMaxResetSeconds*1000) {
 		return 0

@@ -167,22 +167,18 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 
 // endpointError is a failed token call or usage read, naming endpoint, status and bytes, never quoting a body (SPEC §11.1).
 type endpointError struct {
-	Op         string // "": a token call
-	Definitive bool   // the grant was disowned; Sentence (redacted, ≤200 bytes) is the provider's word
-	Endpoint   string // checkBaseURL holds it to scheme, host and path
-	Status     int    // 0: none was received
-	Received   int
-	Sentence   string
-	Err        error // nil for a plain non-2xx usage answer
+	Op, Endpoint     string // Op "": a token call; checkBaseURL holds Endpoint to scheme, host and path
+	Status, Received int    // Status 0: none was received
+	Definitive       bool   // the grant was disowned; Sentence (redacted, ≤200 bytes) is the provider's word
+	Sentence         string
+	Err              error // nil for a plain non-2xx usage answer
 }
 
 func (e *endpointError) Error() string {
 	got := map[bool]string{true: "no status", false: fmt.Sprintf("HTTP %d", e.Status)}[e.Status == 0]
 	msg := fmt.Sprintf("%s %s: %s, %d bytes received", cmp.Or(e.Op, "OAuth token POST"), e.Endpoint, got, e.Received)
-	if e.Definitive {
-		return msg + ": " + e.Sentence
-	} else if e.Err != nil {
-		return msg + ": " + e.Err.Error()
+	if e.Err != nil { // a definitive refusal states the provider's sentence instead
+		return msg + ": " + cmp.Or(e.Sentence, e.Err.Error())
 	}
 	return msg
 }
@@ -247,9 +243,6 @@ type tokenAnswer struct {
 // failure, even a 401 whose body ended early (readErr): no evidence the grant was disowned (seed, "Cancellation and retry").
 func readTokenAnswer(endpoint string, status int, body []byte, readErr error, secrets ...string) (tokenAnswer, error) {
 	re := &endpointError{Endpoint: endpoint, Status: status, Received: len(body), Err: readErr}
-	if readErr != nil {
-		return tokenAnswer{}, re
-	}
 	var raw struct {
 		tokenAnswer
 		Expires number          `json:"expires_in"` // a number, or a string holding one
@@ -271,16 +264,16 @@ func readTokenAnswer(endpoint string, status int, body []byte, readErr error, se
 	secrets = slices.DeleteFunc(slices.Clone(secrets), func(s string) bool { return len(s) < 8 })
 	quote := func(s string) string { return cleanQuoted(redact(s, secrets...), "", maxSentenceBytes) }
 	switch {
+	case readErr != nil:
+		return tokenAnswer{}, re
 	case !strings.HasPrefix(strings.TrimSpace(string(body)), "{") || err != nil && !errors.As(err, new(*json.UnmarshalTypeError)):
 		ans, re.Err = tokenAnswer{}, fmt.Errorf("%w: not a JSON object", errTokenMalformed)
 	case ans.Error != "" && oauthErrorCode.MatchString(ans.Error):
 		re.Err = fmt.Errorf("%w: %s", errTokenRefused, quote(ans.Error))
 	case ans.Error != "":
 		re.Err = errTokenRefused
-	case ans.AccessToken == "" || controlAt(ans.AccessToken) >= 0: // no header could carry it (SPEC §17)
-		re.Err = fmt.Errorf("%w: no access_token, or one holding a control character", errTokenMalformed)
-	case status/100 != 2:
-		re.Err = fmt.Errorf("%w: an access token with HTTP %d", errTokenMalformed, status)
+	case status/100 != 2 || ans.AccessToken == "" || controlAt(ans.AccessToken) >= 0: // no header carries it (SPEC §17)
+		re.Err = fmt.Errorf("%w: no access_token in a 2xx answer, or one holding a control character", errTokenMalformed)
 	default:
 		return ans, nil
 	}
@@ -342,10 +335,9 @@ func newSignIn(provider string) (signIn, error) {
 	return s, nil
 }
 
-// exchangeCode is the sign-in's exchange of what the user pasted for a grant (SPEC §11.1, RFC 6749 §4.1.3 with PKCE).
+// exchangeCode trades what was pasted (a redirect URL, "code#state" or a code) for a grant (SPEC §11.1, RFC 7636).
 func (o *oauthClient) exchangeCode(ctx context.Context, s signIn, code string) (oauthGrant, error) {
 	p, _ := lookupProvider(s.provider)
-	// What was pasted: a redirect URL (codex), "code#state" (claude-code's page) or a bare code.
 	code, pasted, _ := strings.Cut(strings.TrimSpace(code), "#")
 	if u, err := url.Parse(code); err == nil && u.Scheme != "" && u.Host != "" {
 		code, pasted = u.Query().Get("code"), u.Query().Get("state")

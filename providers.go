@@ -42,8 +42,7 @@ type providerInfo struct {
 	limitName          string    // the output limit its chat calls set, if not max_tokens (OpenAI's reasoning models refuse it)
 
 	tokenURL, clientID string // "" without OAuth grants; tokenURL: BRAMA_OAUTH_<ID>_TOKEN_URL overrides
-	form               bool   // the token endpoint takes a form body, not JSON
-	echoState          bool   // the sign-in's exchange sends the state back
+	form, echoState    bool   // the token endpoint takes a form body, not JSON; the sign-in's exchange echoes the state
 
 	authorizeURL, redirectURI, scope string     // authorizeURL "": no sign-in
 	extra                            url.Values // further authorize parameters
@@ -92,7 +91,6 @@ func lookupProvider(id string) (providerInfo, bool) {
 	return providerTable[i], true
 }
 
-// usageReadable says whether cred reads p's usage report.
 func (p providerInfo) usageReadable(cred vaultCredential) bool {
 	return p.usage != "" && (cred.OAuth != nil || p.usageAPIKey && cred.APIKey != "")
 }
@@ -390,10 +388,7 @@ func statedWait(h http.Header, k string, now time.Time) time.Duration {
 	} else if t, err := http.ParseTime(v); err == nil {
 		s = t.Sub(now).Seconds()
 	}
-	if !(s > 0) { // one already over (or none) states none
-		return 0
-	}
-	return time.Duration(min(s, maxRetryAfter.Seconds()) * float64(time.Second))
+	return time.Duration(max(0, min(s, maxRetryAfter.Seconds())) * float64(time.Second)) // one already over states none
 }
 
 // classifyTransport maps a failed provider call to its code (SPEC §8.2): provider_incomplete once the request may be billed.
@@ -431,10 +426,9 @@ type kimiCounters struct {
 	}
 }
 
-// readUsage reads p's usage report (SPEC §11.2) leniently (a member of another type is absent; numbers take any JSON
-// value), taking what it recognizes of the undocumented shapes, never a guessed number: claude-code's members with a
-// utilization and a resets_at (anthropicWindows first, by traffic id), codex's rate_limit windows, kimi's used/limit
-// (limit > 0, else 1 − remaining/limit). Its error never quotes the body.
+// readUsage reads what it knows of p's undocumented usage report (SPEC §11.2), never a guessed number: claude-code's
+// members with a utilization and a resets_at (anthropicWindows first, by traffic id), codex's rate_limit windows,
+// kimi's used/limit (limit > 0, else 1 − remaining/limit). Its error never quotes the body.
 func (p providerInfo) readUsage(body []byte, now time.Time) (ws []planWindow, err error) {
 	var claude map[string]struct { // claude-code's members
 		Utilization number // a percent
