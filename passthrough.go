@@ -112,8 +112,7 @@ func (o rawObject) writeEdited(w io.Writer, edits ...memberEdit) {
 	}
 	for _, e := range edits { // an absent member after the rest; Brama's own keys are plain ASCII
 		if e.value != nil && o.value(e.key) == nil {
-			sep := []byte(",")[:boolCount(!first)]
-			w.Write(append(append(strconv.AppendQuote(sep, e.key), ':'), e.value...))
+			w.Write(append(append(strconv.AppendQuote([]byte(",")[:boolCount(!first)], e.key), ':'), e.value...))
 			first = false
 		}
 	}

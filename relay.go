@@ -91,10 +91,9 @@ func (s *callerStream) close() {
 
 // answer reads a committed stream of c to its terminal signal, translated or relayed as received (Brama's own usage
 // request dropped when dropUsage). It holds the lock but while it waits on the provider (Read).
-func (s *callerStream) answer(c call, body io.Reader, translate, dropUsage bool) (usage, error) {
+func (s *callerStream) answer(c call, body io.Reader, translate, dropUsage bool) (_ usage, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var err error
 	if s.body = body; translate {
 		err = s.translate(c, s, nil)
 	} else {
@@ -108,10 +107,9 @@ func (s *callerStream) answer(c call, body io.Reader, translate, dropUsage bool)
 func (s *callerStream) translate(c call, body io.Reader, whole []byte) error {
 	err := s.frames(s, stepBegin, nil, "")
 	s.rd = streamReader{protocol: c.res.Provider.protocol, secret: c.cred.bearer(), out: s, calls: map[int]*upstreamCall{}}
-	switch {
-	case err == nil && whole != nil:
+	if err == nil && whole != nil {
 		err = formatOf(c.res.Provider.protocol).decode(whole, &s.rd)
-	case err == nil:
+	} else if err == nil {
 		err = s.rd.run(body, nil)
 	}
 	if err == nil {
@@ -258,9 +256,6 @@ func (s *callerStream) finish(failure *apiError) error {
 	case failure != nil:
 		return s.frames(s, stepFail, nil, "")
 	}
-	if err := s.openBlock(nil); err != nil {
-		return err
-	}
 	return s.frames(s, stepEnd, nil, "")
 }
 
@@ -398,8 +393,7 @@ func (r *streamReader) decode(o rawObject, key string, v any) error {
 func (r *streamReader) ended() (err error) {
 	if r.out == nil {
 		return nil
-	}
-	if r.refusal {
+	} else if r.refusal {
 		r.finish = finishContentFilter
 	}
 	for i := 0; err == nil && i < len(r.held); i++ {
@@ -457,22 +451,19 @@ func streamCut(err error) *apiError {
 		cleanQuoted(err.Error(), "", 300)).because(err)
 }
 
-// passthroughUsage holds the usage members of all three formats (flat: the wire types embedded cost an allocation per event).
-type passthroughUsage struct {
-	PromptTokens             int `json:"prompt_tokens"`
-	CompletionTokens         int `json:"completion_tokens"`
-	InputTokens              int `json:"input_tokens"`
-	OutputTokens             int `json:"output_tokens"`
-	CacheCreationInputTokens int `json:"cache_creation_input_tokens"`
-	CacheReadInputTokens     int `json:"cache_read_input_tokens"`
-}
-
 // usageOf reads a usage member in Brama's terms, absent or null unreported; Anthropic's cached input counts, as OpenAI's does.
 func usageOf(protocol string, raw json.RawMessage) (usage, error) {
 	if rawIsNull(raw) {
 		return usage{}, nil
 	}
-	u := new(passthroughUsage) // after the null test: it escapes, an allocation per event
+	u := new(struct { // all three formats' members, after the null test (it escapes); flat: embedded types allocate
+		PromptTokens             int `json:"prompt_tokens"`
+		CompletionTokens         int `json:"completion_tokens"`
+		InputTokens              int `json:"input_tokens"`
+		OutputTokens             int `json:"output_tokens"`
+		CacheCreationInputTokens int `json:"cache_creation_input_tokens"`
+		CacheReadInputTokens     int `json:"cache_read_input_tokens"`
+	})
 	if err := json.Unmarshal(raw, u); err != nil {
 		return usage{}, malformedAnswer(protocol, err)
 	}
