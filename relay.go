@@ -66,7 +66,7 @@ func openStreamAnswer(w http.ResponseWriter, dialect string, req chatRequest, mo
 	s := &callerStream{w: w, frames: formatOf(dialect).frames, req: req, model: model}
 	s.mu.Lock() // the timer's first run reads s.flush
 	defer s.mu.Unlock()
-	s.timer = time.AfterFunc(every, func() { s.do(func() { s.write([]byte(": keep-alive\n\n"), true) }) })
+	s.timer = time.AfterFunc(every, func() { s.write([]byte(": keep-alive\n\n"), true) })
 	s.flush = func() {
 		rc.Flush()
 		s.timer.Reset(every)
@@ -74,31 +74,22 @@ func openStreamAnswer(w http.ResponseWriter, dialect string, req chatRequest, mo
 	return s
 }
 
-// do runs f under the lock unless the stream is done: the way in for the keep-alive and a failure.
-func (s *callerStream) do(f func()) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !s.done {
-		f()
-	}
-}
-
-// close stops the timer: a run of it already waiting on the lock finds the stream done.
+// close stops the keep-alive: a run of it already waiting on the lock finds no writer.
 func (s *callerStream) close() {
-	s.do(func() { s.done = true })
+	s.mu.Lock()
+	s.w = nil
+	s.mu.Unlock()
 	s.timer.Stop()
 }
 
 // answer reads a committed stream of c to its terminal signal, translated or relayed as received (Brama's own usage
-// request dropped when dropUsage). It holds the lock but while it waits on the provider (Read).
+// request dropped when dropUsage).
 func (s *callerStream) answer(c call, body io.Reader, translate, dropUsage bool) (_ usage, err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.body = body; translate {
-		err = s.translate(c, s, nil)
+	if translate {
+		err = s.translate(c, body, nil)
 	} else {
 		s.rd = streamReader{protocol: c.res.Provider.protocol, secret: c.cred.bearer(), dropUsage: dropUsage}
-		err = s.rd.run(s, s.write)
+		err = s.rd.run(body, s.write)
 	}
 	return s.rd.usage, err
 }
@@ -116,13 +107,6 @@ func (s *callerStream) translate(c call, body io.Reader, whole []byte) error {
 		err = s.finish(nil)
 	}
 	return err
-}
-
-// Read reads the provider's stream with the lock released: the keep-alive writes while the provider is silent.
-func (s *callerStream) Read(p []byte) (int, error) {
-	s.mu.Unlock()
-	defer s.mu.Lock()
-	return s.body.Read(p)
 }
 
 var errCallerStreamDone = errors.New("caller stream already ended")
@@ -143,18 +127,17 @@ const (
 // dialect's frames function. A committed stream's writer also relays a same-format stream and keeps it alive, under
 // one lock; without a writer, it builds every dialect's buffered answer (relayBuffered).
 type callerStream struct {
-	mu        sync.Mutex // a committed stream's: guards everything below against the keep-alive timer
+	mu        sync.Mutex // a committed stream's: guards the writer (w, err, unflushed, flush) against the keep-alive
 	unflushed bool
 	timer     *time.Timer
-	body      io.Reader    // the provider's stream
-	rd        streamReader // its one reader
+	rd        streamReader // the provider stream's one reader
 	w         io.Writer
 	flush     func() // nil: a buffered answer
 	err       error  // the first write error: it sticks
 	frames    func(s *callerStream, step streamStep, b *streamBlock, text string) error
 	req       chatRequest
 	model     string
-	done      bool         // finish or close ran
+	done      bool         // finish ran
 	failure   *apiError    // stepFail's
 	open      *streamBlock // nil when none
 	blocks    []*streamBlock
@@ -250,9 +233,9 @@ func (s *callerStream) finish(failure *apiError) error {
 		return errCallerStreamDone
 	}
 	s.done, s.failure = true, failure
-	switch {
-	case s.err != nil:
-		return s.err
+	switch err := s.write(nil, false); { // the first write error, read under the lock
+	case err != nil:
+		return err
 	case failure != nil:
 		return s.frames(s, stepFail, nil, "")
 	}
@@ -274,6 +257,8 @@ func (s *callerStream) frame(name string, v any) error {
 // write writes b and, when flush is set, flushes what is unflushed (SPEC §7.5), which restarts the keep-alive; a
 // relay flushes only where it may wait next: a timer reset per event costs CPU.
 func (s *callerStream) write(b []byte, flush bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.err != nil || s.w == nil {
 		return s.err
 	}
