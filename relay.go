@@ -226,19 +226,30 @@ func (s *callerStream) openBlock(b *streamBlock) error {
 	return s.frames(s, stepOpen, b, "")
 }
 
-// finish writes the dialect's terminal sequence or, given a failure, its in-band error, never a terminal success
-// event after it; once.
-func (s *callerStream) finish(failure *apiError) error {
+// finish writes, given a failure, the dialect's in-band error (no more after a write error: it sticks), never a
+// terminal success event after it; else the whole calls chat's reader held back (those after the first, indexes from
+// 1), the open block's close and the terminal sequence. Once, but for a close that fails: the failure's finish follows.
+func (s *callerStream) finish(failure *apiError) (err error) {
 	if s.done {
 		return errCallerStreamDone
-	}
-	s.done, s.failure = true, failure
-	switch err := s.write(nil, false); { // the first write error, read under the lock
-	case err != nil:
-		return err
-	case failure != nil:
+	} else if failure != nil {
+		s.done, s.failure = true, failure
 		return s.frames(s, stepFail, nil, "")
+	} else if s.rd.refusal {
+		s.rd.finish = finishContentFilter
 	}
+	for i := 0; err == nil && i < len(s.rd.held); i++ {
+		if err = s.call(i+1, s.rd.held[i]); err == nil {
+			err = s.args(i+1, s.rd.held[i].Arguments)
+		}
+	}
+	if err == nil {
+		err = s.openBlock(nil)
+	}
+	if err != nil {
+		return err
+	}
+	s.done = true
 	return s.frames(s, stepEnd, nil, "")
 }
 
@@ -314,11 +325,10 @@ func (r *streamReader) run(body io.Reader, relay func(block []byte, flush bool) 
 		switch {
 		case err != nil && !r.finished:
 			return streamCut(err)
-		case err != nil: // only chat is finished before its end ([DONE])
-			if err := r.ended(); err != nil || relay == nil {
-				return err
-			}
+		case err != nil && relay != nil: // only chat is finished before its end ([DONE])
 			return relay([]byte("data: [DONE]\n\n"), false)
+		case err != nil:
+			return nil
 		}
 		keep, end, err := r.read(event, data)
 		if !keep {
@@ -351,7 +361,7 @@ func (r *streamReader) read(event string, data []byte) (keep, end bool, err erro
 	case done && !r.finished:
 		err = streamCut(io.EOF)
 	case done:
-		keep, end, err = true, true, r.ended()
+		keep, end = true, true
 	case !ok:
 		err = eventWithout(r.protocol, "data", "one JSON object")
 	case typ == "" && r.protocol != protoOpenAIChat:
@@ -371,25 +381,6 @@ func (r *streamReader) decode(o rawObject, key string, v any) error {
 		return eventWithout(r.protocol, "event", "a valid "+key)
 	}
 	return nil
-}
-
-// ended closes a translated answer at its terminal signal: the whole calls chat's reader held back (those after the
-// first, indexes from 1), then the open block.
-func (r *streamReader) ended() (err error) {
-	if r.out == nil {
-		return nil
-	} else if r.refusal {
-		r.finish = finishContentFilter
-	}
-	for i := 0; err == nil && i < len(r.held); i++ {
-		if err = r.out.call(i+1, r.held[i]); err == nil {
-			err = r.out.args(i+1, r.held[i].Arguments)
-		}
-	}
-	if err == nil {
-		err = r.out.openBlock(nil)
-	}
-	return err
 }
 
 // upstreamStreamError is an in-band error's cause: its redacted code, and the refusalRate or refusalQuota class the
