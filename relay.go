@@ -82,8 +82,7 @@ func (s *callerStream) close() {
 	s.timer.Stop()
 }
 
-// answer reads a committed stream of c to its terminal signal, translated or relayed as received (Brama's own usage
-// request dropped when dropUsage).
+// answer translates a committed stream of c to its terminal signal, or relays it as received but Brama's usage chunk.
 func (s *callerStream) answer(c call, body io.Reader, translate, dropUsage bool) (_ usage, err error) {
 	if translate {
 		err = s.translate(c, body, nil)
@@ -141,8 +140,7 @@ type callerStream struct {
 	failure   *apiError    // stepFail's
 	open      *streamBlock // nil when none
 	blocks    []*streamBlock
-	// the dialect's own: chat's chunk id and creation time, responses' next sequence_number and the response
-	// response.completed repeats whole
+	// the dialect's own: chat's chunk id and creation time, responses' next sequence_number and whole response
 	id      string
 	created int64
 	seq     int
@@ -165,8 +163,7 @@ type streamBlock struct {
 func (s *callerStream) text(t string) error {
 	if t == "" {
 		return nil
-	}
-	if s.open == nil || !s.open.text {
+	} else if s.open == nil || !s.open.text {
 		if err := s.openBlock(&streamBlock{text: true}); err != nil {
 			return err
 		}
@@ -258,8 +255,7 @@ func (s *callerStream) finish(failure *apiError) (err error) {
 func (s *callerStream) frame(name string, v any) error {
 	if s.w == nil {
 		return nil
-	}
-	if name != "" {
+	} else if name != "" {
 		name = "event: " + name + "\n"
 	}
 	return s.write(slices.Concat([]byte(name+"data: "), must(json.Marshal(v)), []byte("\n\n")), true)
@@ -419,8 +415,7 @@ func eventWithout(protocol, typ, what string) *apiError {
 func streamCut(err error) *apiError {
 	if errors.Is(err, io.EOF) {
 		return refuse("provider_incomplete", "the provider stream ended before its terminal signal")
-	}
-	if ae := classifyTransport(err); ae.Code == "client_cancelled" {
+	} else if ae := classifyTransport(err); ae.Code == "client_cancelled" {
 		return ae
 	}
 	return refuse("provider_incomplete", "the provider stream failed before its terminal signal: %s",
