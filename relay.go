@@ -352,12 +352,10 @@ func (r *streamReader) read(event string, data []byte) (keep, end bool, err erro
 		typ = event // chat's events have no type
 	}
 	switch {
-	case data == nil:
-		keep = true // no data line dispatches nothing (WHATWG)
 	case done && !r.finished:
 		err = streamCut(io.EOF)
-	case done:
-		keep, end = true, true
+	case data == nil || done: // no data line dispatches nothing (WHATWG); chat's [DONE] ends
+		keep, end = true, done
 	case !ok:
 		err = eventWithout(r.protocol, "data", "one JSON object")
 	case typ == "" && r.protocol != protoOpenAIChat:
