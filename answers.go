@@ -49,7 +49,7 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 			if u, err = sa.answer(c, resp.Body, !pass, req.addsUsage(p)); err != nil {
 				failure = asAPIError(err).withAttempts(attempts)        // a hang-up's is settle's
 				e.t.remember(failure, attempts, ctx.Err() != nil, true) // before the caller can read it and fall back
-				sa.do(func() { sa.finish(failure) })
+				sa.finish(failure)
 				e.log.Warn("stream_failed_after_commit", "request_id", e.t.requestID, "code", failure.Code, "cause", redact(fmt.Sprint(failure.Err), c.cred.bearer()))
 			}
 		case pass:

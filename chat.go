@@ -346,7 +346,7 @@ func decodeChat(body []byte, rd *streamReader) error {
 	if u := r.Usage; u != nil {
 		rd.usage = usage{u.PromptTokens, u.CompletionTokens, true}
 	}
-	return cmp.Or(rd.delta(m), rd.ended()) // a buffered answer: ended's writes are discarded after a refusal
+	return rd.delta(m)
 }
 
 // chatFrames writes chat.completion.chunk frames. Chat has no block framing: a tool call's deltas carry its call

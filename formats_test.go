@@ -72,7 +72,6 @@ func renderAnswer(dialect string, req chatRequest, a chatAnswer) ([]byte, error)
 			calls = append(calls, callPart(tc))
 		}
 		s.rd = streamReader{out: s, finish: a.Finish, usage: a.Usage, held: calls}
-		err = s.rd.ended()
 	}
 	if err == nil {
 		err = s.finish(nil)

@@ -376,7 +376,7 @@ func decodeMessages(body []byte, rd *streamReader) error {
 	}
 	rd.usage, _ = usageOf(protoAnthropic, rawMember(body, "usage"))
 	rd.finish = cmp.Or(messagesFinishes[valueOr(r.StopReason, "")], finishStop)
-	return rd.ended()
+	return nil
 }
 
 var messagesSteps = [...]string{stepBegin: "message_start", stepOpen: "content_block_start", stepDelta: "content_block_delta",
@@ -443,7 +443,7 @@ func (r *streamReader) readMessages(typ string, e rawObject) (keep, end bool, er
 		r.finish = cmp.Or(messagesFinishes[d.StopReason], r.finish) // any other reason: a stop, at message_stop
 	case "message_stop":
 		r.finished, r.finish = true, cmp.Or(r.finish, finishStop)
-		return true, true, r.ended()
+		return true, true, nil
 	case "content_block_start", "content_block_delta", "content_block_stop":
 		var ev messagesEvent
 		if r.out != nil && (json.Unmarshal(e.src, &ev) != nil || typ == "content_block_start" && ev.ContentBlock == nil ||

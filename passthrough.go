@@ -112,8 +112,7 @@ func (o rawObject) writeEdited(w io.Writer, edits ...memberEdit) {
 	}
 	for _, e := range edits { // an absent member after the rest; Brama's own keys are plain ASCII
 		if e.value != nil && o.value(e.key) == nil {
-			sep := []byte(",")[:boolCount(!first)]
-			w.Write(append(append(strconv.AppendQuote(sep, e.key), ':'), e.value...))
+			w.Write(append(append(strconv.AppendQuote([]byte(",")[:boolCount(!first)], e.key), ':'), e.value...))
 			first = false
 		}
 	}
@@ -124,8 +123,7 @@ func (o rawObject) writeEdited(w io.Writer, edits ...memberEdit) {
 func rawText(raw []byte) []byte {
 	if len(raw) < 2 || raw[0] != '"' {
 		return nil
-	}
-	if bytes.IndexByte(raw, '\\') < 0 {
+	} else if bytes.IndexByte(raw, '\\') < 0 {
 		return raw[1 : len(raw)-1]
 	}
 	var s string
@@ -350,8 +348,7 @@ func buildUpstreamRequest(ctx context.Context, c call, req *chatRequest) (*http.
 // (nil: the probe's) with attempts: through s into its dialect (the first refusal a block met fails it), or, s nil, as
 // received: a JSON object whose usage is read, or a codex stream assembled (provider_failure when not).
 func relayBuffered(w http.ResponseWriter, c call, resp *http.Response, attempts int, s *callerStream) (u usage, _ *apiError) {
-	p, ct := c.res.Provider, "application/json" // an assembled or translated answer is Brama's JSON
-	var body []byte
+	p, ct, body := c.res.Provider, "application/json", []byte(nil) // an assembled or translated answer is Brama's JSON
 	var err error
 	if !p.codex {
 		body, err = readWhole(p, resp)
@@ -376,8 +373,7 @@ func relayBuffered(w http.ResponseWriter, c call, resp *http.Response, attempts 
 	}
 	if err != nil {
 		return u, asAPIError(err).withAttempts(attempts)
-	}
-	if w != nil {
+	} else if w != nil {
 		providerFacts(w.Header(), resp.Header, s == nil)
 		writeAnswer(w, ct, attempts, body)
 	}

@@ -66,7 +66,7 @@ func openStreamAnswer(w http.ResponseWriter, dialect string, req chatRequest, mo
 	s := &callerStream{w: w, frames: formatOf(dialect).frames, req: req, model: model}
 	s.mu.Lock() // the timer's first run reads s.flush
 	defer s.mu.Unlock()
-	s.timer = time.AfterFunc(every, func() { s.do(func() { s.write([]byte(": keep-alive\n\n"), true) }) })
+	s.timer = time.AfterFunc(every, func() { s.write([]byte(": keep-alive\n\n"), true) })
 	s.flush = func() {
 		rc.Flush()
 		s.timer.Reset(every)
@@ -74,32 +74,21 @@ func openStreamAnswer(w http.ResponseWriter, dialect string, req chatRequest, mo
 	return s
 }
 
-// do runs f under the lock unless the stream is done: the way in for the keep-alive and a failure.
-func (s *callerStream) do(f func()) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !s.done {
-		f()
-	}
-}
-
-// close stops the timer: a run of it already waiting on the lock finds the stream done.
+// close stops the keep-alive: a run of it already waiting on the lock finds no writer.
 func (s *callerStream) close() {
-	s.do(func() { s.done = true })
+	s.mu.Lock()
+	s.w = nil
+	s.mu.Unlock()
 	s.timer.Stop()
 }
 
-// answer reads a committed stream of c to its terminal signal, translated or relayed as received (Brama's own usage
-// request dropped when dropUsage). It holds the lock but while it waits on the provider (Read).
-func (s *callerStream) answer(c call, body io.Reader, translate, dropUsage bool) (usage, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var err error
-	if s.body = body; translate {
-		err = s.translate(c, s, nil)
+// answer translates a committed stream of c to its terminal signal, or relays it as received but Brama's usage chunk.
+func (s *callerStream) answer(c call, body io.Reader, translate, dropUsage bool) (_ usage, err error) {
+	if translate {
+		err = s.translate(c, body, nil)
 	} else {
 		s.rd = streamReader{protocol: c.res.Provider.protocol, secret: c.cred.bearer(), dropUsage: dropUsage}
-		err = s.rd.run(s, s.write)
+		err = s.rd.run(body, s.write)
 	}
 	return s.rd.usage, err
 }
@@ -108,23 +97,15 @@ func (s *callerStream) answer(c call, body io.Reader, translate, dropUsage bool)
 func (s *callerStream) translate(c call, body io.Reader, whole []byte) error {
 	err := s.frames(s, stepBegin, nil, "")
 	s.rd = streamReader{protocol: c.res.Provider.protocol, secret: c.cred.bearer(), out: s, calls: map[int]*upstreamCall{}}
-	switch {
-	case err == nil && whole != nil:
+	if err == nil && whole != nil {
 		err = formatOf(c.res.Provider.protocol).decode(whole, &s.rd)
-	case err == nil:
+	} else if err == nil {
 		err = s.rd.run(body, nil)
 	}
 	if err == nil {
 		err = s.finish(nil)
 	}
 	return err
-}
-
-// Read reads the provider's stream with the lock released: the keep-alive writes while the provider is silent.
-func (s *callerStream) Read(p []byte) (int, error) {
-	s.mu.Unlock()
-	defer s.mu.Lock()
-	return s.body.Read(p)
 }
 
 var errCallerStreamDone = errors.New("caller stream already ended")
@@ -145,23 +126,21 @@ const (
 // dialect's frames function. A committed stream's writer also relays a same-format stream and keeps it alive, under
 // one lock; without a writer, it builds every dialect's buffered answer (relayBuffered).
 type callerStream struct {
-	mu        sync.Mutex // a committed stream's: guards everything below against the keep-alive timer
+	mu        sync.Mutex // a committed stream's: guards the writer (w, err, unflushed, flush) against the keep-alive
 	unflushed bool
 	timer     *time.Timer
-	body      io.Reader    // the provider's stream
-	rd        streamReader // its one reader
+	rd        streamReader // the provider stream's one reader
 	w         io.Writer
 	flush     func() // nil: a buffered answer
 	err       error  // the first write error: it sticks
 	frames    func(s *callerStream, step streamStep, b *streamBlock, text string) error
 	req       chatRequest
 	model     string
-	done      bool         // finish or close ran
+	done      bool         // finish ran
 	failure   *apiError    // stepFail's
 	open      *streamBlock // nil when none
 	blocks    []*streamBlock
-	// the dialect's own: chat's chunk id and creation time, responses' next sequence_number and the response
-	// response.completed repeats whole
+	// the dialect's own: chat's chunk id and creation time, responses' next sequence_number and whole response
 	id      string
 	created int64
 	seq     int
@@ -184,8 +163,7 @@ type streamBlock struct {
 func (s *callerStream) text(t string) error {
 	if t == "" {
 		return nil
-	}
-	if s.open == nil || !s.open.text {
+	} else if s.open == nil || !s.open.text {
 		if err := s.openBlock(&streamBlock{text: true}); err != nil {
 			return err
 		}
@@ -245,22 +223,30 @@ func (s *callerStream) openBlock(b *streamBlock) error {
 	return s.frames(s, stepOpen, b, "")
 }
 
-// finish writes the dialect's terminal sequence or, given a failure, its in-band error, never a terminal success
-// event after it; once.
-func (s *callerStream) finish(failure *apiError) error {
+// finish writes, given a failure, the dialect's in-band error (no more after a write error: it sticks), never a
+// terminal success event after it; else the whole calls chat's reader held back (those after the first, indexes from
+// 1), the open block's close and the terminal sequence. Once, but for a close that fails: the failure's finish follows.
+func (s *callerStream) finish(failure *apiError) (err error) {
 	if s.done {
 		return errCallerStreamDone
-	}
-	s.done, s.failure = true, failure
-	switch {
-	case s.err != nil:
-		return s.err
-	case failure != nil:
+	} else if failure != nil {
+		s.done, s.failure = true, failure
 		return s.frames(s, stepFail, nil, "")
+	} else if s.rd.refusal {
+		s.rd.finish = finishContentFilter
 	}
-	if err := s.openBlock(nil); err != nil {
+	for i := 0; err == nil && i < len(s.rd.held); i++ {
+		if err = s.call(i+1, s.rd.held[i]); err == nil {
+			err = s.args(i+1, s.rd.held[i].Arguments)
+		}
+	}
+	if err == nil {
+		err = s.openBlock(nil)
+	}
+	if err != nil {
 		return err
 	}
+	s.done = true
 	return s.frames(s, stepEnd, nil, "")
 }
 
@@ -269,8 +255,7 @@ func (s *callerStream) finish(failure *apiError) error {
 func (s *callerStream) frame(name string, v any) error {
 	if s.w == nil {
 		return nil
-	}
-	if name != "" {
+	} else if name != "" {
 		name = "event: " + name + "\n"
 	}
 	return s.write(slices.Concat([]byte(name+"data: "), must(json.Marshal(v)), []byte("\n\n")), true)
@@ -279,6 +264,8 @@ func (s *callerStream) frame(name string, v any) error {
 // write writes b and, when flush is set, flushes what is unflushed (SPEC §7.5), which restarts the keep-alive; a
 // relay flushes only where it may wait next: a timer reset per event costs CPU.
 func (s *callerStream) write(b []byte, flush bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.err != nil || s.w == nil {
 		return s.err
 	}
@@ -334,11 +321,10 @@ func (r *streamReader) run(body io.Reader, relay func(block []byte, flush bool) 
 		switch {
 		case err != nil && !r.finished:
 			return streamCut(err)
-		case err != nil: // only chat is finished before its end ([DONE])
-			if err := r.ended(); err != nil || relay == nil {
-				return err
-			}
+		case err != nil && relay != nil: // only chat is finished before its end ([DONE])
 			return relay([]byte("data: [DONE]\n\n"), false)
+		case err != nil:
+			return nil
 		}
 		keep, end, err := r.read(event, data)
 		if !keep {
@@ -366,12 +352,10 @@ func (r *streamReader) read(event string, data []byte) (keep, end bool, err erro
 		typ = event // chat's events have no type
 	}
 	switch {
-	case data == nil:
-		keep = true // no data line dispatches nothing (WHATWG)
 	case done && !r.finished:
 		err = streamCut(io.EOF)
-	case done:
-		keep, end, err = true, true, r.ended()
+	case data == nil || done: // no data line dispatches nothing (WHATWG); chat's [DONE] ends
+		keep, end = true, done
 	case !ok:
 		err = eventWithout(r.protocol, "data", "one JSON object")
 	case typ == "" && r.protocol != protoOpenAIChat:
@@ -391,26 +375,6 @@ func (r *streamReader) decode(o rawObject, key string, v any) error {
 		return eventWithout(r.protocol, "event", "a valid "+key)
 	}
 	return nil
-}
-
-// ended closes a translated answer at its terminal signal: the whole calls chat's reader held back (those after the
-// first, indexes from 1), then the open block.
-func (r *streamReader) ended() (err error) {
-	if r.out == nil {
-		return nil
-	}
-	if r.refusal {
-		r.finish = finishContentFilter
-	}
-	for i := 0; err == nil && i < len(r.held); i++ {
-		if err = r.out.call(i+1, r.held[i]); err == nil {
-			err = r.out.args(i+1, r.held[i].Arguments)
-		}
-	}
-	if err == nil {
-		err = r.out.openBlock(nil)
-	}
-	return err
 }
 
 // upstreamStreamError is an in-band error's cause: its redacted code, and the refusalRate or refusalQuota class the
@@ -449,22 +413,11 @@ func eventWithout(protocol, typ, what string) *apiError {
 func streamCut(err error) *apiError {
 	if errors.Is(err, io.EOF) {
 		return refuse("provider_incomplete", "the provider stream ended before its terminal signal")
-	}
-	if ae := classifyTransport(err); ae.Code == "client_cancelled" {
+	} else if ae := classifyTransport(err); ae.Code == "client_cancelled" {
 		return ae
 	}
 	return refuse("provider_incomplete", "the provider stream failed before its terminal signal: %s",
 		cleanQuoted(err.Error(), "", 300)).because(err)
-}
-
-// passthroughUsage holds the usage members of all three formats (flat: the wire types embedded cost an allocation per event).
-type passthroughUsage struct {
-	PromptTokens             int `json:"prompt_tokens"`
-	CompletionTokens         int `json:"completion_tokens"`
-	InputTokens              int `json:"input_tokens"`
-	OutputTokens             int `json:"output_tokens"`
-	CacheCreationInputTokens int `json:"cache_creation_input_tokens"`
-	CacheReadInputTokens     int `json:"cache_read_input_tokens"`
 }
 
 // usageOf reads a usage member in Brama's terms, absent or null unreported; Anthropic's cached input counts, as OpenAI's does.
@@ -472,7 +425,14 @@ func usageOf(protocol string, raw json.RawMessage) (usage, error) {
 	if rawIsNull(raw) {
 		return usage{}, nil
 	}
-	u := new(passthroughUsage) // after the null test: it escapes, an allocation per event
+	u := new(struct { // all three formats' members, after the null test (it escapes); flat: embedded types allocate
+		PromptTokens             int `json:"prompt_tokens"`
+		CompletionTokens         int `json:"completion_tokens"`
+		InputTokens              int `json:"input_tokens"`
+		OutputTokens             int `json:"output_tokens"`
+		CacheCreationInputTokens int `json:"cache_creation_input_tokens"`
+		CacheReadInputTokens     int `json:"cache_read_input_tokens"`
+	})
 	if err := json.Unmarshal(raw, u); err != nil {
 		return usage{}, malformedAnswer(protocol, err)
 	}

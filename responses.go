@@ -444,7 +444,7 @@ func decodeResponses(body []byte, r *streamReader) error {
 		}
 	}
 	r.finish = cmp.Or(responsesFinishes[resp.IncompleteDetails.Reason], map[bool]string{false: finishStop, true: finishToolCalls}[r.ncalls > 0])
-	return r.ended()
+	return nil
 }
 
 // item takes an output item as added or done: a call starts its tool call; a done item whose deltas never came
