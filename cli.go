@@ -102,10 +102,7 @@ func commands() []command {
 			}},
 		{name: "clients list", purpose: "each client's id, role, agent and allowlist (never a token or digest)", example: "brama clients list",
 			run: func(e *cliEnv, _ opts, _ []string) error {
-				doc, err := e.deps(e.sys()).clients.load()
-				if errors.Is(err, errFileAbsent) {
-					doc, err = &clientsDoc{}, nil
-				}
+				doc, err := e.deps(e.sys()).clients.load() // absent: no clients
 				return table(e.stdout, err, "ID\tROLE\tAGENT\tALLOWED\n", func(yield func(...string)) {
 					for _, c := range doc.Clients {
 						allow := map[bool]string{true: "(any model)"}[c.AllowedModels == nil] + strings.Join(c.AllowedModels, ",")

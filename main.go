@@ -354,7 +354,7 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 		return err
 	}
 	switch doc, err := eng.clients.load(); { // serve makes the first admin client
-	case errors.Is(err, errFileAbsent) || err == nil && len(doc.Clients) == 0:
+	case err == nil && len(doc.Clients) == 0: // absent too
 		return next("brama clients add <id> -admin", errRefused)
 	case err != nil:
 		return fmt.Errorf("the clients file is unusable: %w", err)
