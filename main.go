@@ -319,8 +319,7 @@ var errOnboardingInvalid = errors.New("onboarding progress is invalid")
 // parseOnboarding is decodeStrict on onboarding.json, schema 1; empty is no progress.
 func parseOnboarding(b []byte) (*onboardProgress, error) {
 	prog := &onboardProgress{SchemaVersion: 1}
-	err := decodeStrict(onboardFile, b, prog)
-	if len(b) > 0 && err != nil {
+	if err := decodeStrict(onboardFile, b, prog); len(b) > 0 && err != nil {
 		return nil, fmt.Errorf("%w: %w (remove the file to start the journey again)", errOnboardingInvalid, err)
 	}
 	return prog, nil
