@@ -508,8 +508,7 @@ func (g *replayGuard) check(client, agent string, h http.Header, body rawObject,
 	if e != nil {
 		refusal = refuse(e.code, "this request repeats one refused at %s after a provider call (%s); the same request is refused without a provider call until %s (BRAMA_REPLAY_GUARD_SECS)",
 			e.until.Add(-g.window).UTC().Format(time.RFC3339), strings.TrimSuffix(e.code+": "+e.message, ": "), e.until.UTC().Format(time.RFC3339))
-		refusal.Retryable = false
-		refusal.withStatus(e.status).because(errReplayRefused).withAttempts(0)
+		refusal.withStatus(e.status).because(errReplayRefused).withAttempts(0).Retryable = false
 	}
 	return refusal, func(ae *apiError, attempts int, hungUp, streamed bool) {
 		if attempts == 0 || hungUp || ae.Code == "client_cancelled" || ae.Code == "subscription_reauthorization_required" || ae.Retryable {
