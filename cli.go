@@ -102,10 +102,7 @@ func commands() []command {
 			}},
 		{name: "clients list", purpose: "each client's id, role, agent and allowlist (never a token or digest)", example: "brama clients list",
 			run: func(e *cliEnv, _ opts, _ []string) error {
-				doc, err := e.deps(e.sys()).clients.load()
-				if errors.Is(err, errFileAbsent) {
-					doc, err = &clientsDoc{}, nil
-				}
+				doc, err := e.deps(e.sys()).clients.load() // absent: no clients
 				return table(e.stdout, err, "ID\tROLE\tAGENT\tALLOWED\n", func(yield func(...string)) {
 					for _, c := range doc.Clients {
 						allow := map[bool]string{true: "(any model)"}[c.AllowedModels == nil] + strings.Join(c.AllowedModels, ",")
@@ -515,19 +512,17 @@ var errImportFile = errors.New("not a usable credential file")
 // donation would and adds what the JWT claims say (SPEC §6.2). Errors wrap errImportFile, never quote a token.
 func parseImportFile(provider string, b []byte) (oauthGrant, error) {
 	var f struct {
-		C *struct {
+		C *struct { // an oauthGrant under Claude Code's names, converted to one
 			AccessToken  string `json:"accessToken"`
 			RefreshToken string `json:"refreshToken"`
-			ExpiresAt    int64  `json:"expiresAt"`
+			ExpiresAtMs  int64  `json:"expiresAt"`
+			IDToken      string `json:"-"`
+			AccountID    string `json:"-"`
 		} `json:"claudeAiOauth"`
 		T *oauthGrant `json:"tokens"` // access_token, refresh_token, id_token, account_id
 	}
 	err, te := json.Unmarshal(b, &f), (*json.UnmarshalTypeError)(nil)
-	grants := map[string]*oauthGrant{"codex": f.T}
-	if f.C != nil {
-		grants["claude-code"] = &oauthGrant{AccessToken: f.C.AccessToken, RefreshToken: f.C.RefreshToken, ExpiresAtMs: f.C.ExpiresAt}
-	}
-	cred := vaultCredential{OAuth: grants[provider]}
+	cred := vaultCredential{OAuth: map[string]*oauthGrant{"claude-code": (*oauthGrant)(f.C), "codex": f.T}[provider]}
 	switch {
 	case errors.As(err, &te): // a syntax error's text can quote bytes of the file, which may be a token
 		err = fmt.Errorf("member %s is not a %s", te.Field, te.Type)

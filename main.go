@@ -319,8 +319,7 @@ var errOnboardingInvalid = errors.New("onboarding progress is invalid")
 // parseOnboarding is decodeStrict on onboarding.json, schema 1; empty is no progress.
 func parseOnboarding(b []byte) (*onboardProgress, error) {
 	prog := &onboardProgress{SchemaVersion: 1}
-	err := decodeStrict(onboardFile, b, prog)
-	if len(b) > 0 && err != nil {
+	if err := decodeStrict(onboardFile, b, prog); len(b) > 0 && err != nil {
 		return nil, fmt.Errorf("%w: %w (remove the file to start the journey again)", errOnboardingInvalid, err)
 	}
 	return prog, nil
@@ -354,7 +353,7 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 		return err
 	}
 	switch doc, err := eng.clients.load(); { // serve makes the first admin client
-	case errors.Is(err, errFileAbsent) || err == nil && len(doc.Clients) == 0:
+	case err == nil && len(doc.Clients) == 0: // absent too
 		return next("brama clients add <id> -admin", errRefused)
 	case err != nil:
 		return fmt.Errorf("the clients file is unusable: %w", err)
