@@ -496,19 +496,22 @@ func (g *replayGuard) check(client, agent string, h http.Header, body rawObject,
 		return fmt.Sprintf("%q", [][]string{{agent, c.res.Route, c.res.BaseURL, hexSHA256([]byte(c.cred.APIKey))},
 			h.Values("anthropic-version"), h.Values("anthropic-beta"), h.Values("openai-beta")})
 	}
+	g.lock()
+	held := g.held[client] > 0
+	g.mu.Unlock()
 	var e *replayEntry
-	if g.lock(); g.held[client] > 0 { // the digests cost the body's bytes: taken outside the lock every request passes
-		g.mu.Unlock()
+	if held { // the digests cost the body's bytes: taken outside the lock every request passes
 		s := scope()
 		strict, loose := replayKeyOf(client, s, body, false), replayKeyOf(client, s, body, true)
 		g.lock()
 		e = cmp.Or(g.refused[strict], g.refused[loose])
+		g.mu.Unlock()
 	}
-	g.mu.Unlock()
 	if e != nil {
 		refusal = refuse(e.code, "this request repeats one refused at %s after a provider call (%s); the same request is refused without a provider call until %s (BRAMA_REPLAY_GUARD_SECS)",
 			e.until.Add(-g.window).UTC().Format(time.RFC3339), strings.TrimSuffix(e.code+": "+e.message, ": "), e.until.UTC().Format(time.RFC3339))
-		refusal.withStatus(e.status).because(errReplayRefused).withAttempts(0).Retryable = false
+		refusal.Retryable = false
+		refusal.withStatus(e.status).because(errReplayRefused).withAttempts(0)
 	}
 	return refusal, func(ae *apiError, attempts int, hungUp, streamed bool) {
 		if attempts == 0 || hungUp || ae.Code == "client_cancelled" || ae.Code == "subscription_reauthorization_required" || ae.Retryable {
