@@ -256,7 +256,7 @@ func encodeChat(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 	out := chatRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream}, ParallelToolCalls: req.ParallelToolCalls,
 		ReasoningEffort: req.Effort, Verbosity: req.Verbosity, ToolChoice: req.openAIToolChoice(true), Stop: jsonArray(req.Stop),
 		MaxTokens: ifSet(&req.MaxTokens, req.MaxTokens > 0), openAIShared: req.Shared}
-	if c.res.Provider.id == "openai" { // its reasoning models take only this, as a passthrough call sends
+	if c.res.Provider.limitName != "" { // OpenAI's reasoning models take only that, as a passthrough call sends
 		out.MaxTokens, out.MaxCompletionTokens = nil, out.MaxTokens
 	}
 	out.StreamOptions = map[bool]json.RawMessage{true: json.RawMessage(`{"include_usage":true}`)}[req.Stream]
@@ -441,16 +441,16 @@ func (r *streamReader) readChat(_ string, e rawObject) (keep, end bool, err erro
 	return !(r.dropUsage && u.Reported && len(choices.members) == 0), false, nil
 }
 
-// delta gives the caller stream a chat delta's (or an answer's) text, a refusal's too, and tool call pieces. Content is
-// a string, or parts as some compatible providers send it; calls after the first are held to the end.
+// delta gives the caller stream the text of a chat delta, answer or Responses message item (a string, or parts as
+// some chat providers send it), a refusal's too, and tool call pieces; calls after the first are held to the end.
 func (r *streamReader) delta(d *chatMessage) error {
 	var t string
 	if !rawIsNull(d.Content) && json.Unmarshal(d.Content, &t) != nil {
 		var parts []responsesPart // its text and refusal parts carry text
 		if err := json.Unmarshal(d.Content, &parts); err != nil {
-			return malformedAnswer(protoOpenAIChat, err)
+			return malformedAnswer(r.protocol, err)
 		}
-		for _, p := range parts {
+		for _, p := range parts { // a text part has no refusal, a refusal part no text
 			t, r.refusal = t+valueOr(p.Text, "")+p.Refusal, r.refusal || p.Type == "refusal"
 		}
 	}

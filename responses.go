@@ -466,11 +466,5 @@ func (r *streamReader) item(it *upstreamCall, item *responsesItem, done bool) er
 	case isCall:
 		return r.out.args(it.tool, tc.Arguments)
 	}
-	text, _ := jsonString(item.Content) // a message item's text: a string, or its text and refusal parts
-	var parts []responsesPart
-	json.Unmarshal(item.Content, &parts)
-	for _, p := range parts { // a text part has no refusal, a refusal part no text
-		text, r.refusal = text+valueOr(p.Text, "")+p.Refusal, r.refusal || p.Type == "refusal"
-	}
-	return r.out.text(text)
+	return r.delta(&chatMessage{Content: item.Content})
 }

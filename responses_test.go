@@ -334,3 +334,20 @@ func TestRenderResponsesAnswer(t *testing.T) {
 		t.Errorf("completed response without usage = %s", b)
 	}
 }
+
+// TestResponsesMalformedMessageContent: a message item whose content is neither a string nor parts is a malformed
+// answer (SPEC §8.2: provider_failure), as a chat message's is; it was read as no text.
+func TestResponsesMalformedMessageContent(t *testing.T) {
+	for _, content := range []string{`5`, `[{"type":"output_text","text":5}]`} {
+		body := `{"status":"completed","output":[{"type":"message","role":"assistant","content":` + content + `}]}`
+		_, err := decodeUpstreamAnswer(protoOpenAIResponses, []byte(body))
+		if ae, _ := err.(*apiError); ae == nil || ae.Code != "provider_failure" {
+			t.Errorf("content %s: err = %v, want provider_failure", content, err)
+		}
+	}
+	a, err := decodeUpstreamAnswer(protoOpenAIResponses, []byte(`{"status":"completed","output":[{"type":"message",`+
+		`"content":[{"type":"output_text","text":"a"},{"type":"refusal","refusal":"b"}]}]}`))
+	if err != nil || a.Text != "ab" || a.Finish != finishContentFilter {
+		t.Errorf("text and refusal parts: %+v, %v; want text ab, finish content_filter", a, err)
+	}
+}
