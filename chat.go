@@ -87,7 +87,7 @@ type (
 
 const chatKnown = "model messages tools tool_choice parallel_tool_calls max_tokens max_completion_tokens temperature top_p stop response_format reasoning_effort verbosity stream stream_options " + openAISharedNames
 
-// chatNested names the members Brama carries of the object a part or a tool nests under its type.
+// chatNested names the members Brama carries of what a part or a tool nests under its type (Responses: beside it).
 var chatNested = map[string]string{"text": "", "image_url": "url detail", "file": "file_data filename",
 	"function": "name description parameters strict", "custom": "name description format"}
 
@@ -179,12 +179,11 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 
 // addOpenAITool adds a function, custom or namespace tool (raw: its members); another (a hosted tool) is dropped and named.
 func (req *chatRequest) addOpenAITool(t tool, raw json.RawMessage, what string) error {
-	if t.Name == "" && slices.Contains([]string{toolFunction, toolCustom, "namespace"}, t.Type) {
+	switch {
+	case t.Name == "" && slices.Contains([]string{toolFunction, toolCustom, "namespace"}, t.Type):
 		return refuse("invalid_request", "%s needs a name", what)
-	}
-	switch t.Type {
-	case toolFunction, toolCustom:
-		req.dropUnknown(raw, "type name description parameters strict format")
+	case t.Type == toolFunction || t.Type == toolCustom:
+		req.dropUnknown(raw, "type "+chatNested[t.Type]) // a custom tool carries no parameters, a function no format
 		params, err := checkSchema(t.Parameters, what+".parameters")
 		if t.Tools, t.Parameters = nil, params; t.Type == toolCustom {
 			t.Parameters, t.Strict = nil, nil
@@ -193,7 +192,7 @@ func (req *chatRequest) addOpenAITool(t tool, raw json.RawMessage, what string) 
 		}
 		req.Tools = append(req.Tools, t)
 		return err // on an error the whole request is refused
-	case "namespace":
+	case t.Type == "namespace":
 		req.drop(t.Description != "", "description")
 		n := len(req.Tools)
 		err := readList(t.Tools, what+".tools", req.addOpenAITool)
@@ -343,9 +342,8 @@ func decodeChat(body []byte, rd *streamReader) error {
 	m := r.Choices[0].Message
 	calls := map[bool]string{false: finishStop, true: finishToolCalls}[len(m.ToolCalls) > 0]
 	rd.finish = cmp.Or(chatFinishes[cmp.Or(valueOr(r.Choices[0].FinishReason, ""), calls)], finishStop)
-	if u := r.Usage; u != nil {
-		rd.usage = usage{u.PromptTokens, u.CompletionTokens, true}
-	}
+	u := valueOr(r.Usage, chatUsage{})
+	rd.usage = usage{u.PromptTokens, u.CompletionTokens, r.Usage != nil}
 	return cmp.Or(rd.delta(m), rd.ended()) // a buffered answer: ended's writes are discarded after a refusal
 }
 
@@ -423,8 +421,7 @@ func (r *streamReader) readChat(_ string, e rawObject) (keep, end bool, err erro
 			var d chatMessage
 			if err := r.decode(co, "delta", &d); err != nil {
 				return false, false, err
-			}
-			if err := r.delta(&d); err != nil {
+			} else if err := r.delta(&d); err != nil {
 				return false, false, err
 			}
 		}

@@ -124,8 +124,7 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 	case "", "message":
 		if it.Role == "system" || it.Role == "developer" {
 			return req.addSystemOf(it.Content, what+".content", "input_text")
-		}
-		if it.Role != "user" && it.Role != "assistant" {
+		} else if it.Role != "user" && it.Role != "assistant" {
 			return refuse("invalid_request", "%s.role %s is not one of user, assistant, system, developer", what, quoteCallerToken(it.Role))
 		}
 		parts, err := req.responsesParts(it.Content, what+".content")

@@ -65,6 +65,13 @@ func TestParseResponses(t *testing.T) {
 				Dropped: []string{"reasoning", "refusal"}},
 		},
 		{
+			name: "a member of the other tool kind is named",
+			body: `{"model":"m","input":"q","tools":[{"type":"custom","name":"c","parameters":{"type":"object"},"strict":true},
+				{"type":"function","name":"f","format":{"type":"text"}}]}`,
+			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")},
+				Tools: []tool{{Type: toolCustom, Name: "c"}, {Type: toolFunction, Name: "f"}}, Dropped: []string{"parameters", "strict", "format"}},
+		},
+		{
 			name: "named tool_choice",
 			body: `{"model":"codex/gpt-5","input":[{"role":"user","content":"q"}],"tool_choice":{"type":"function","name":"f"}}`,
 			want: chatRequest{Model: "codex/gpt-5", Messages: []message{dialectUserText("q")}, ToolChoice: &toolChoice{Mode: toolChoiceTool, Name: "f"}},
