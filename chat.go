@@ -87,9 +87,9 @@ type (
 
 const chatKnown = "model messages tools tool_choice parallel_tool_calls max_tokens max_completion_tokens temperature top_p stop response_format reasoning_effort verbosity stream stream_options " + openAISharedNames
 
-// chatNested names the members Brama carries of what a part or a tool nests under its type (Responses: beside it).
-var chatNested = map[string]string{"text": "", "image_url": "url detail", "file": "file_data filename",
-	"function": "name description parameters strict", "custom": "name description format"}
+// chatNested names the members Brama carries of what a part or tool nests under its type (and a Responses tool's).
+var chatNested = map[string]string{"image_url": "url detail", "file": "file_data filename",
+	toolFunction: "type name description parameters strict", toolCustom: "type name description format"}
 
 // parseChatCompletions parses a caller's body; every step runs and the first refusal wins.
 func parseChatCompletions(cr *callerRequest) (chatRequest, error) {
@@ -106,7 +106,7 @@ func parseChatCompletions(cr *callerRequest) (chatRequest, error) {
 			flat := valueOr(map[string]*chatFunction{toolFunction: t.Function, toolCustom: t.Custom}[t.Type], chatFunction{}).tool
 			if flat.Type = t.Type; t.Type == toolFunction || t.Type == toolCustom {
 				req.dropUnknown(raw, "type "+t.Type)
-				req.dropUnknown(rawMember(raw, t.Type), chatNested[t.Type])
+				req.dropUnknown(rawMember(raw, t.Type), strings.TrimPrefix(chatNested[t.Type], "type "))
 				return req.addOpenAITool(flat, nil, what)
 			}
 			req.drop(true, cmp.Or(t.Type, "tools")) // another type is dropped and named
@@ -183,7 +183,7 @@ func (req *chatRequest) addOpenAITool(t tool, raw json.RawMessage, what string) 
 	case t.Name == "" && slices.Contains([]string{toolFunction, toolCustom, "namespace"}, t.Type):
 		return refuse("invalid_request", "%s needs a name", what)
 	case t.Type == toolFunction || t.Type == toolCustom:
-		req.dropUnknown(raw, "type "+chatNested[t.Type]) // a custom tool carries no parameters, a function no format
+		req.dropUnknown(raw, chatNested[t.Type]) // a custom tool carries no parameters, a function no format
 		params, err := checkSchema(t.Parameters, what+".parameters")
 		if t.Tools, t.Parameters = nil, params; t.Type == toolCustom {
 			t.Parameters, t.Strict = nil, nil
@@ -347,9 +347,8 @@ func decodeChat(body []byte, rd *streamReader) error {
 	return cmp.Or(rd.delta(m), rd.ended()) // a buffered answer: ended's writes are discarded after a refusal
 }
 
-// chatFrames writes chat.completion.chunk frames. Chat has no block framing: a tool call's deltas carry its call
-// index; at the end finish_reason goes out once, then the usage chunk (choices: []) when the caller asked and usage
-// was reported, then [DONE]. A buffered answer is the chat.completion of the blocks: the text of them all, the calls.
+// chatFrames writes chat.completion.chunk frames (no block framing: a call's deltas carry its index); at the end the
+// finish, the usage chunk (choices: []) if asked and reported, [DONE]. Buffered: the chat.completion of the blocks.
 func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) error {
 	var delta chatMessage
 	switch {

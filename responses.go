@@ -139,8 +139,7 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 		tc, _ := it.call()
 		if it.CallID == "" || it.Name == "" {
 			return refuse("invalid_request", "%s needs a call_id and a name", what)
-		}
-		if !tc.Custom && valueOr(it.Arguments, "") == "" {
+		} else if !tc.Custom && valueOr(it.Arguments, "") == "" {
 			tc.Arguments = "" // absent arguments stay absent
 		}
 		req.Messages = appendPart(req.Messages, "assistant", tc)
