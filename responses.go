@@ -187,12 +187,11 @@ var responsesPartMembers = map[string]string{"input_text": "type text", "output_
 
 // encodeResponses builds a Responses body: text, images and files in message items, tool calls and results items of their own; codex gets SPEC §6.2's body.
 func encodeResponses(req *chatRequest, c call, _ http.Header) ([]byte, error) {
-	codex := c.res.Provider.codex
 	out := responsesRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream}, Instructions: req.System,
 		ParallelToolCalls: req.ParallelToolCalls, MaxOutputTokens: req.MaxTokens, Reasoning: responsesOption{Effort: req.Effort},
 		Text: responsesOption{Format: schemaOutput(req.Output), Verbosity: req.Verbosity}, openAIShared: req.Shared}
 	req.drop(len(req.Stop) > 0, req.StopName)
-	if codex { // it never gets an output limit, and its backend refuses these (SPEC §6.2)
+	if c.res.Provider.codex { // it never gets an output limit, and its backend refuses these (SPEC §6.2)
 		req.drop(req.LimitName != "", req.LimitName)
 		req.drop(req.Temperature != nil, "temperature")
 		req.drop(req.TopP != nil, "top_p")
@@ -203,7 +202,7 @@ func encodeResponses(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 	}
 	items := []responsesItem{}
 	for _, m := range req.Messages {
-		role := map[bool]string{false: m.Role, true: "developer"}[m.Role == "system" && codex] // codex refuses system items, as the Codex CLI knows
+		role := map[bool]string{false: m.Role, true: "developer"}[m.Role == "system" && c.res.Provider.codex] // codex refuses system items
 		var content []responsesPart
 		for i, p := range m.Parts { // a call or a result has no content; the content before it (or at the end) is one message item
 			content = append(content, responsesContent([]part{p}, m.Role == "assistant")...)
