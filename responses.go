@@ -130,8 +130,7 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 		parts, err := req.responsesParts(it.Content, what+".content")
 		if err == nil && len(parts) == 0 && it.Role == "user" {
 			err = refuse("invalid_request", "%s.content must hold at least one text, image or file part", what)
-		}
-		if len(parts) > 0 { // an earlier answer of only a refusal adds no turn: its parts are named
+		} else if len(parts) > 0 { // an earlier answer of only a refusal adds no turn: its parts are named
 			req.Messages = append(req.Messages, message{Role: it.Role, Parts: parts})
 		}
 		return err
@@ -363,15 +362,14 @@ func (r *streamReader) readResponses(typ string, e rawObject) (keep, end bool, e
 			return false, false, eventWithout(protoOpenAIResponses, typ, "response")
 		}
 		r.usage, err = usageOf(r.protocol, resp.value("usage"))
-		if r.finished = true; r.raw != nil { // a buffered codex caller's answer, its output the items ended, by output_index
-			r.final = bytes.Clone(resp.src)
-		}
-		if len(r.raw) > 0 {
+		if r.finished = true; len(r.raw) > 0 { // a buffered codex caller's answer, its output the items ended, by output_index
 			var items [][]byte
 			for _, i := range slices.Sorted(maps.Keys(r.raw)) {
 				items = append(items, r.raw[i])
 			}
 			r.final = resp.edit(memberEdit{"output", append(append([]byte("["), bytes.Join(items, []byte(","))...), ']')})
+		} else if r.raw != nil { // none ended: as sent
+			r.final = bytes.Clone(resp.src)
 		}
 		if err == nil && r.out != nil {
 			err = decodeResponses(e.value("response"), r)
