@@ -362,7 +362,7 @@ func (r *streamReader) readResponses(typ string, e rawObject) (keep, end bool, e
 			return false, false, eventWithout(protoOpenAIResponses, typ, "response")
 		}
 		r.usage, err = usageOf(r.protocol, resp.value("usage"))
-		if r.finished = true; len(r.raw) > 0 { // a buffered codex caller's answer, its output the items ended, by output_index
+		if r.finished = true; len(r.raw) > 0 { // a buffered codex caller: its output the items ended, by output_index
 			var items [][]byte
 			for _, i := range slices.Sorted(maps.Keys(r.raw)) {
 				items = append(items, r.raw[i])
