@@ -125,22 +125,18 @@ func parseChatCompletions(cr *callerRequest) (chatRequest, error) {
 // Content is a string or text, image_url and file parts; others (audio, an earlier refusal) are dropped and named.
 func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what string) error {
 	req.dropUnknown(raw, "role content tool_calls tool_call_id")
-	switch m.Role {
-	case "system", "developer":
+	switch {
+	case m.Role == "system" || m.Role == "developer":
 		return req.addSystemOf(m.Content, what+".content", "text")
-	case "tool":
-		if m.ToolCallID == "" {
-			return refuse("invalid_request", "%s.tool_call_id is required", what)
-		}
+	case m.Role == "tool" && m.ToolCallID == "":
+		return refuse("invalid_request", "%s.tool_call_id is required", what)
+	case m.Role == "tool":
 		text, err := req.callerTextOf(m.Content, what+".content", "text", "\n")
 		req.Messages = appendPart(req.Messages, "user", part{Type: partToolResult, ToolCallID: m.ToolCallID, Text: text})
 		return err
-	case "assistant":
-		if rawIsNull(m.Content) { // beside tool calls
-			m.Content = json.RawMessage("[]")
-		}
-	case "user":
-	default:
+	case m.Role == "assistant" && rawIsNull(m.Content): // beside tool calls
+		m.Content = json.RawMessage("[]")
+	case m.Role != "user" && m.Role != "assistant":
 		return refuse("invalid_request", "%s.role %s is not system, developer, user, assistant or tool", what, quoteCallerToken(m.Role))
 	}
 	parts, err := callerParts(req, m.Content, what+".content", "content parts",
