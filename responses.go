@@ -116,17 +116,17 @@ func parseResponses(cr *callerRequest) (chatRequest, error) {
 // and named, and so is a reference to an earlier answer's text or reasoning (the Vercel AI SDK's store: true sends one);
 // any other reference is refused: Brama keeps no responses.
 func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, what string) error {
-	switch it.Type {
-	case "", "message", "function_call", "custom_tool_call", "function_call_output", "custom_tool_call_output", "additional_tools":
+	msg, call := it.Type == "" || it.Type == "message", it.Type == "function_call" || it.Type == "custom_tool_call"
+	output := it.Type == "function_call_output" || it.Type == "custom_tool_call_output"
+	if msg || call || output || it.Type == "additional_tools" { // a carried item
 		req.dropUnknown(raw, "type id status role content call_id namespace name arguments input output tools")
 	}
-	switch it.Type {
-	case "", "message":
-		if it.Role == "system" || it.Role == "developer" {
-			return req.addSystemOf(it.Content, what+".content", "input_text")
-		} else if it.Role != "user" && it.Role != "assistant" {
-			return refuse("invalid_request", "%s.role %s is not one of user, assistant, system, developer", what, quoteCallerToken(it.Role))
-		}
+	switch {
+	case msg && (it.Role == "system" || it.Role == "developer"):
+		return req.addSystemOf(it.Content, what+".content", "input_text")
+	case msg && it.Role != "user" && it.Role != "assistant":
+		return refuse("invalid_request", "%s.role %s is not one of user, assistant, system, developer", what, quoteCallerToken(it.Role))
+	case msg:
 		parts, err := req.responsesParts(it.Content, what+".content")
 		if err == nil && len(parts) == 0 && it.Role == "user" {
 			err = refuse("invalid_request", "%s.content must hold at least one text, image or file part", what)
@@ -134,28 +134,25 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 			req.Messages = append(req.Messages, message{Role: it.Role, Parts: parts})
 		}
 		return err
-	case "function_call", "custom_tool_call":
+	case call && (it.CallID == "" || it.Name == ""):
+		return refuse("invalid_request", "%s needs a call_id and a name", what)
+	case call:
 		tc, _ := it.call()
-		if it.CallID == "" || it.Name == "" {
-			return refuse("invalid_request", "%s needs a call_id and a name", what)
-		} else if !tc.Custom && valueOr(it.Arguments, "") == "" {
+		if !tc.Custom && valueOr(it.Arguments, "") == "" {
 			tc.Arguments = "" // absent arguments stay absent
 		}
 		req.Messages = appendPart(req.Messages, "assistant", tc)
 		return nil
-	case "function_call_output", "custom_tool_call_output":
-		if it.CallID == "" {
-			return refuse("invalid_request", "%s.call_id is required", what)
-		}
+	case output && it.CallID == "":
+		return refuse("invalid_request", "%s.call_id is required", what)
+	case output:
 		parts, err := req.responsesParts(it.Output, what+".output")
 		req.Messages = appendPart(req.Messages, "user", toolResult(it.CallID, parts, it.Type == "custom_tool_call_output"))
 		return err
-	case "additional_tools": // tools declared in the input, as the Codex CLI sends them
+	case it.Type == "additional_tools": // tools declared in the input, as the Codex CLI sends them
 		return readList(it.Tools, what+".tools", req.addOpenAITool)
-	case "item_reference": // an earlier answer's text or reasoning, by the id Brama or OpenAI gave it, is dropped and named as the items are
-		if !strings.HasPrefix(it.ID, "msg_") && !strings.HasPrefix(it.ID, "rs_") {
-			return refuse("invalid_request", "%s: item references are not supported but to an earlier answer's text or reasoning; send the items themselves", what)
-		}
+	case it.Type == "item_reference" && !strings.HasPrefix(it.ID, "msg_") && !strings.HasPrefix(it.ID, "rs_"): // not text or reasoning
+		return refuse("invalid_request", "%s: item references are not supported but to an earlier answer's text or reasoning; send the items themselves", what)
 	}
 	req.drop(true, it.Type)
 	return nil
