@@ -303,14 +303,13 @@ func encodeChat(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 
 // chatCall is a call as Chat Completions writes it: a function's arguments are "{}" for none but in a stream's indexed call.
 func chatCall(index *int, id, name, args string, custom bool) chatToolCall {
-	if !custom && index == nil {
+	fn := tool{Name: name}
+	if custom {
+		return chatToolCall{Index: index, ID: id, Type: toolCustom, Custom: &chatFunction{tool: fn, Input: &args}}
+	} else if index == nil {
 		args = argumentsText(args)
 	}
-	tc := chatToolCall{Index: index, ID: id, Type: toolFunction, Function: &chatFunction{tool: tool{Name: name}, Arguments: &args}}
-	if custom {
-		tc.Type, tc.Function, tc.Custom = toolCustom, nil, &chatFunction{tool: tool{Name: name}, Input: &args}
-	}
-	return tc
+	return chatToolCall{Index: index, ID: id, Type: toolFunction, Function: &chatFunction{tool: fn, Arguments: &args}}
 }
 
 // call is tc as a neutral tool_call part: a custom call read from its custom member, else a function call from its
