@@ -389,16 +389,15 @@ func (r *streamReader) readResponses(typ string, e rawObject) (keep, end bool, e
 			return false, false, eventWithout(protoOpenAIResponses, typ, "an index and an item")
 		}
 		it := r.calls[ev.OutputIndex]
-		switch {
-		case r.out == nil:
-			r.raw[ev.OutputIndex] = ev.Item // decoding copied it out of the reader's buffer
-			return true, false, nil
-		case it == nil:
+		if it == nil && r.out != nil {
 			it = &upstreamCall{tool: -1}
 			r.calls[ev.OutputIndex] = it
 		}
 		r.refusal = r.refusal || typ == "response.refusal.delta"
 		switch {
+		case r.out == nil:
+			r.raw[ev.OutputIndex] = ev.Item // decoding copied it out of the reader's buffer
+			return true, false, nil
 		case isItem:
 			err = r.item(it, &item, done)
 		case typ == "response.output_text.delta" || typ == "response.refusal.delta":
