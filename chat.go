@@ -189,7 +189,7 @@ func (req *chatRequest) addOpenAITool(t tool, raw json.RawMessage, what string) 
 		req.Tools = append(req.Tools, t)
 		return err // on an error the whole request is refused
 	case t.Type == "namespace":
-		req.drop(t.Description != "", "description")
+		req.dropUnknown(raw, "type name tools") // a group carries no description
 		n := len(req.Tools)
 		err := readList(t.Tools, what+".tools", req.addOpenAITool)
 		for j := n; j < len(req.Tools); j++ {

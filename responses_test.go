@@ -72,6 +72,12 @@ func TestParseResponses(t *testing.T) {
 				Tools: []tool{{Type: toolCustom, Name: "c"}, {Type: toolFunction, Name: "f"}}, Dropped: []string{"parameters", "strict", "format"}},
 		},
 		{
+			name: "a namespace names what it loses",
+			body: `{"model":"m","input":"q","tools":[{"type":"namespace","name":"ns","x_extra":1,"description":"d","tools":[{"type":"function","name":"f"}]}]}`,
+			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")},
+				Tools: []tool{{Type: toolFunction, Name: "ns__f", Namespace: "ns"}}, Dropped: []string{"x_extra", "description"}},
+		},
+		{
 			name: "named tool_choice",
 			body: `{"model":"codex/gpt-5","input":[{"role":"user","content":"q"}],"tool_choice":{"type":"function","name":"f"}}`,
 			want: chatRequest{Model: "codex/gpt-5", Messages: []message{dialectUserText("q")}, ToolChoice: &toolChoice{Mode: toolChoiceTool, Name: "f"}},
