@@ -87,9 +87,9 @@ type (
 
 const chatKnown = "model messages tools tool_choice parallel_tool_calls max_tokens max_completion_tokens temperature top_p stop response_format reasoning_effort verbosity stream stream_options " + openAISharedNames
 
-// chatNested names the members Brama carries of the object a part or a tool nests under its type.
-var chatNested = map[string]string{"text": "", "image_url": "url detail", "file": "file_data filename",
-	"function": "name description parameters strict", "custom": "name description format"}
+// chatNested names the members Brama carries of what a part or tool nests under its type (and a Responses tool's).
+var chatNested = map[string]string{"image_url": "url detail", "file": "file_data filename",
+	toolFunction: "type name description parameters strict", toolCustom: "type name description format"}
 
 // parseChatCompletions parses a caller's body; every step runs and the first refusal wins.
 func parseChatCompletions(cr *callerRequest) (chatRequest, error) {
@@ -106,7 +106,7 @@ func parseChatCompletions(cr *callerRequest) (chatRequest, error) {
 			flat := valueOr(map[string]*chatFunction{toolFunction: t.Function, toolCustom: t.Custom}[t.Type], chatFunction{}).tool
 			if flat.Type = t.Type; t.Type == toolFunction || t.Type == toolCustom {
 				req.dropUnknown(raw, "type "+t.Type)
-				req.dropUnknown(rawMember(raw, t.Type), chatNested[t.Type])
+				req.dropUnknown(rawMember(raw, t.Type), strings.TrimPrefix(chatNested[t.Type], "type "))
 				return req.addOpenAITool(flat, nil, what)
 			}
 			req.drop(true, cmp.Or(t.Type, "tools")) // another type is dropped and named
@@ -125,22 +125,18 @@ func parseChatCompletions(cr *callerRequest) (chatRequest, error) {
 // Content is a string or text, image_url and file parts; others (audio, an earlier refusal) are dropped and named.
 func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what string) error {
 	req.dropUnknown(raw, "role content tool_calls tool_call_id")
-	switch m.Role {
-	case "system", "developer":
+	switch {
+	case m.Role == "system" || m.Role == "developer":
 		return req.addSystemOf(m.Content, what+".content", "text")
-	case "tool":
-		if m.ToolCallID == "" {
-			return refuse("invalid_request", "%s.tool_call_id is required", what)
-		}
+	case m.Role == "tool" && m.ToolCallID == "":
+		return refuse("invalid_request", "%s.tool_call_id is required", what)
+	case m.Role == "tool":
 		text, err := req.callerTextOf(m.Content, what+".content", "text", "\n")
 		req.Messages = appendPart(req.Messages, "user", part{Type: partToolResult, ToolCallID: m.ToolCallID, Text: text})
 		return err
-	case "assistant":
-		if rawIsNull(m.Content) { // beside tool calls
-			m.Content = json.RawMessage("[]")
-		}
-	case "user":
-	default:
+	case m.Role == "assistant" && rawIsNull(m.Content): // beside tool calls
+		m.Content = json.RawMessage("[]")
+	case m.Role != "user" && m.Role != "assistant":
 		return refuse("invalid_request", "%s.role %s is not system, developer, user, assistant or tool", what, quoteCallerToken(m.Role))
 	}
 	parts, err := callerParts(req, m.Content, what+".content", "content parts",
@@ -179,12 +175,11 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 
 // addOpenAITool adds a function, custom or namespace tool (raw: its members); another (a hosted tool) is dropped and named.
 func (req *chatRequest) addOpenAITool(t tool, raw json.RawMessage, what string) error {
-	if t.Name == "" && slices.Contains([]string{toolFunction, toolCustom, "namespace"}, t.Type) {
+	switch {
+	case t.Name == "" && slices.Contains([]string{toolFunction, toolCustom, "namespace"}, t.Type):
 		return refuse("invalid_request", "%s needs a name", what)
-	}
-	switch t.Type {
-	case toolFunction, toolCustom:
-		req.dropUnknown(raw, "type name description parameters strict format")
+	case t.Type == toolFunction || t.Type == toolCustom:
+		req.dropUnknown(raw, chatNested[t.Type]) // a custom tool carries no parameters, a function no format
 		params, err := checkSchema(t.Parameters, what+".parameters")
 		if t.Tools, t.Parameters = nil, params; t.Type == toolCustom {
 			t.Parameters, t.Strict = nil, nil
@@ -193,8 +188,8 @@ func (req *chatRequest) addOpenAITool(t tool, raw json.RawMessage, what string) 
 		}
 		req.Tools = append(req.Tools, t)
 		return err // on an error the whole request is refused
-	case "namespace":
-		req.drop(t.Description != "", "description")
+	case t.Type == "namespace":
+		req.dropUnknown(raw, "type name tools") // a group carries no description
 		n := len(req.Tools)
 		err := readList(t.Tools, what+".tools", req.addOpenAITool)
 		for j := n; j < len(req.Tools); j++ {
@@ -256,7 +251,7 @@ func encodeChat(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 	out := chatRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream}, ParallelToolCalls: req.ParallelToolCalls,
 		ReasoningEffort: req.Effort, Verbosity: req.Verbosity, ToolChoice: req.openAIToolChoice(true), Stop: jsonArray(req.Stop),
 		MaxTokens: ifSet(&req.MaxTokens, req.MaxTokens > 0), openAIShared: req.Shared}
-	if c.res.Provider.id == "openai" { // its reasoning models take only this, as a passthrough call sends
+	if c.res.Provider.limitName != "" { // OpenAI's reasoning models take only that, as a passthrough call sends
 		out.MaxTokens, out.MaxCompletionTokens = nil, out.MaxTokens
 	}
 	out.StreamOptions = map[bool]json.RawMessage{true: json.RawMessage(`{"include_usage":true}`)}[req.Stream]
@@ -308,14 +303,13 @@ func encodeChat(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 
 // chatCall is a call as Chat Completions writes it: a function's arguments are "{}" for none but in a stream's indexed call.
 func chatCall(index *int, id, name, args string, custom bool) chatToolCall {
-	if !custom && index == nil {
+	fn := tool{Name: name}
+	if custom {
+		return chatToolCall{Index: index, ID: id, Type: toolCustom, Custom: &chatFunction{tool: fn, Input: &args}}
+	} else if index == nil {
 		args = argumentsText(args)
 	}
-	tc := chatToolCall{Index: index, ID: id, Type: toolFunction, Function: &chatFunction{tool: tool{Name: name}, Arguments: &args}}
-	if custom {
-		tc.Type, tc.Function, tc.Custom = toolCustom, nil, &chatFunction{tool: tool{Name: name}, Input: &args}
-	}
-	return tc
+	return chatToolCall{Index: index, ID: id, Type: toolFunction, Function: &chatFunction{tool: fn, Arguments: &args}}
 }
 
 // call is tc as a neutral tool_call part: a custom call read from its custom member, else a function call from its
@@ -343,15 +337,13 @@ func decodeChat(body []byte, rd *streamReader) error {
 	m := r.Choices[0].Message
 	calls := map[bool]string{false: finishStop, true: finishToolCalls}[len(m.ToolCalls) > 0]
 	rd.finish = cmp.Or(chatFinishes[cmp.Or(valueOr(r.Choices[0].FinishReason, ""), calls)], finishStop)
-	if u := r.Usage; u != nil {
-		rd.usage = usage{u.PromptTokens, u.CompletionTokens, true}
-	}
+	u := valueOr(r.Usage, chatUsage{})
+	rd.usage = usage{u.PromptTokens, u.CompletionTokens, r.Usage != nil}
 	return rd.delta(m)
 }
 
-// chatFrames writes chat.completion.chunk frames. Chat has no block framing: a tool call's deltas carry its call
-// index; at the end finish_reason goes out once, then the usage chunk (choices: []) when the caller asked and usage
-// was reported, then [DONE]. A buffered answer is the chat.completion of the blocks: the text of them all, the calls.
+// chatFrames writes chat.completion.chunk frames (no block framing: a call's deltas carry its index); at the end the
+// finish, the usage chunk (choices: []) if asked and reported, [DONE]. Buffered: the chat.completion of the blocks.
 func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) error {
 	var delta chatMessage
 	switch {
@@ -423,8 +415,7 @@ func (r *streamReader) readChat(_ string, e rawObject) (keep, end bool, err erro
 			var d chatMessage
 			if err := r.decode(co, "delta", &d); err != nil {
 				return false, false, err
-			}
-			if err := r.delta(&d); err != nil {
+			} else if err := r.delta(&d); err != nil {
 				return false, false, err
 			}
 		}
@@ -441,16 +432,16 @@ func (r *streamReader) readChat(_ string, e rawObject) (keep, end bool, err erro
 	return !(r.dropUsage && u.Reported && len(choices.members) == 0), false, nil
 }
 
-// delta gives the caller stream a chat delta's (or an answer's) text, a refusal's too, and tool call pieces. Content is
-// a string, or parts as some compatible providers send it; calls after the first are held to the end.
+// delta gives the caller stream the text of a chat delta, answer or Responses message item (a string, or parts as
+// some chat providers send it), a refusal's too, and tool call pieces; calls after the first are held to the end.
 func (r *streamReader) delta(d *chatMessage) error {
 	var t string
 	if !rawIsNull(d.Content) && json.Unmarshal(d.Content, &t) != nil {
 		var parts []responsesPart // its text and refusal parts carry text
 		if err := json.Unmarshal(d.Content, &parts); err != nil {
-			return malformedAnswer(protoOpenAIChat, err)
+			return malformedAnswer(r.protocol, err)
 		}
-		for _, p := range parts {
+		for _, p := range parts { // a text part has no refusal, a refusal part no text
 			t, r.refusal = t+valueOr(p.Text, "")+p.Refusal, r.refusal || p.Type == "refusal"
 		}
 	}

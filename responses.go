@@ -116,49 +116,43 @@ func parseResponses(cr *callerRequest) (chatRequest, error) {
 // and named, and so is a reference to an earlier answer's text or reasoning (the Vercel AI SDK's store: true sends one);
 // any other reference is refused: Brama keeps no responses.
 func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, what string) error {
-	switch it.Type {
-	case "", "message", "function_call", "custom_tool_call", "function_call_output", "custom_tool_call_output", "additional_tools":
+	msg, call := it.Type == "" || it.Type == "message", it.Type == "function_call" || it.Type == "custom_tool_call"
+	output := it.Type == "function_call_output" || it.Type == "custom_tool_call_output"
+	if msg || call || output || it.Type == "additional_tools" { // a carried item
 		req.dropUnknown(raw, "type id status role content call_id namespace name arguments input output tools")
 	}
-	switch it.Type {
-	case "", "message":
-		if it.Role == "system" || it.Role == "developer" {
-			return req.addSystemOf(it.Content, what+".content", "input_text")
-		}
-		if it.Role != "user" && it.Role != "assistant" {
-			return refuse("invalid_request", "%s.role %s is not one of user, assistant, system, developer", what, quoteCallerToken(it.Role))
-		}
+	switch {
+	case msg && (it.Role == "system" || it.Role == "developer"):
+		return req.addSystemOf(it.Content, what+".content", "input_text")
+	case msg && it.Role != "user" && it.Role != "assistant":
+		return refuse("invalid_request", "%s.role %s is not one of user, assistant, system, developer", what, quoteCallerToken(it.Role))
+	case msg:
 		parts, err := req.responsesParts(it.Content, what+".content")
 		if err == nil && len(parts) == 0 && it.Role == "user" {
 			err = refuse("invalid_request", "%s.content must hold at least one text, image or file part", what)
-		}
-		if len(parts) > 0 { // an earlier answer of only a refusal adds no turn: its parts are named
+		} else if len(parts) > 0 { // an earlier answer of only a refusal adds no turn: its parts are named
 			req.Messages = append(req.Messages, message{Role: it.Role, Parts: parts})
 		}
 		return err
-	case "function_call", "custom_tool_call":
+	case call && (it.CallID == "" || it.Name == ""):
+		return refuse("invalid_request", "%s needs a call_id and a name", what)
+	case call:
 		tc, _ := it.call()
-		if it.CallID == "" || it.Name == "" {
-			return refuse("invalid_request", "%s needs a call_id and a name", what)
-		}
 		if !tc.Custom && valueOr(it.Arguments, "") == "" {
 			tc.Arguments = "" // absent arguments stay absent
 		}
 		req.Messages = appendPart(req.Messages, "assistant", tc)
 		return nil
-	case "function_call_output", "custom_tool_call_output":
-		if it.CallID == "" {
-			return refuse("invalid_request", "%s.call_id is required", what)
-		}
+	case output && it.CallID == "":
+		return refuse("invalid_request", "%s.call_id is required", what)
+	case output:
 		parts, err := req.responsesParts(it.Output, what+".output")
 		req.Messages = appendPart(req.Messages, "user", toolResult(it.CallID, parts, it.Type == "custom_tool_call_output"))
 		return err
-	case "additional_tools": // tools declared in the input, as the Codex CLI sends them
+	case it.Type == "additional_tools": // tools declared in the input, as the Codex CLI sends them
 		return readList(it.Tools, what+".tools", req.addOpenAITool)
-	case "item_reference": // an earlier answer's text or reasoning, by the id Brama or OpenAI gave it, is dropped and named as the items are
-		if !strings.HasPrefix(it.ID, "msg_") && !strings.HasPrefix(it.ID, "rs_") {
-			return refuse("invalid_request", "%s: item references are not supported but to an earlier answer's text or reasoning; send the items themselves", what)
-		}
+	case it.Type == "item_reference" && !strings.HasPrefix(it.ID, "msg_") && !strings.HasPrefix(it.ID, "rs_"): // not text or reasoning
+		return refuse("invalid_request", "%s: item references are not supported but to an earlier answer's text or reasoning; send the items themselves", what)
 	}
 	req.drop(true, it.Type)
 	return nil
@@ -189,12 +183,11 @@ var responsesPartMembers = map[string]string{"input_text": "type text", "output_
 
 // encodeResponses builds a Responses body: text, images and files in message items, tool calls and results items of their own; codex gets SPEC §6.2's body.
 func encodeResponses(req *chatRequest, c call, _ http.Header) ([]byte, error) {
-	codex := c.res.Provider.codex
 	out := responsesRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream}, Instructions: req.System,
 		ParallelToolCalls: req.ParallelToolCalls, MaxOutputTokens: req.MaxTokens, Reasoning: responsesOption{Effort: req.Effort},
 		Text: responsesOption{Format: schemaOutput(req.Output), Verbosity: req.Verbosity}, openAIShared: req.Shared}
 	req.drop(len(req.Stop) > 0, req.StopName)
-	if codex { // it never gets an output limit, and its backend refuses these (SPEC §6.2)
+	if c.res.Provider.codex { // it never gets an output limit, and its backend refuses these (SPEC §6.2)
 		req.drop(req.LimitName != "", req.LimitName)
 		req.drop(req.Temperature != nil, "temperature")
 		req.drop(req.TopP != nil, "top_p")
@@ -205,7 +198,7 @@ func encodeResponses(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 	}
 	items := []responsesItem{}
 	for _, m := range req.Messages {
-		role := map[bool]string{false: m.Role, true: "developer"}[m.Role == "system" && codex] // codex refuses system items, as the Codex CLI knows
+		role := map[bool]string{false: m.Role, true: "developer"}[m.Role == "system" && c.res.Provider.codex] // codex refuses system items
 		var content []responsesPart
 		for i, p := range m.Parts { // a call or a result has no content; the content before it (or at the end) is one message item
 			content = append(content, responsesContent([]part{p}, m.Role == "assistant")...)
@@ -366,15 +359,14 @@ func (r *streamReader) readResponses(typ string, e rawObject) (keep, end bool, e
 			return false, false, eventWithout(protoOpenAIResponses, typ, "response")
 		}
 		r.usage, err = usageOf(r.protocol, resp.value("usage"))
-		if r.finished = true; r.raw != nil { // a buffered codex caller's answer, its output the items ended, by output_index
-			r.final = bytes.Clone(resp.src)
-		}
-		if len(r.raw) > 0 {
+		if r.finished = true; len(r.raw) > 0 { // a buffered codex caller: its output the items ended, by output_index
 			var items [][]byte
 			for _, i := range slices.Sorted(maps.Keys(r.raw)) {
 				items = append(items, r.raw[i])
 			}
 			r.final = resp.edit(memberEdit{"output", append(append([]byte("["), bytes.Join(items, []byte(","))...), ']')})
+		} else if r.raw != nil { // none ended: as sent
+			r.final = bytes.Clone(resp.src)
 		}
 		if err == nil && r.out != nil {
 			err = decodeResponses(e.value("response"), r)
@@ -397,16 +389,15 @@ func (r *streamReader) readResponses(typ string, e rawObject) (keep, end bool, e
 			return false, false, eventWithout(protoOpenAIResponses, typ, "an index and an item")
 		}
 		it := r.calls[ev.OutputIndex]
-		switch {
-		case r.out == nil:
-			r.raw[ev.OutputIndex] = ev.Item // decoding copied it out of the reader's buffer
-			return true, false, nil
-		case it == nil:
+		if it == nil && r.out != nil {
 			it = &upstreamCall{tool: -1}
 			r.calls[ev.OutputIndex] = it
 		}
 		r.refusal = r.refusal || typ == "response.refusal.delta"
 		switch {
+		case r.out == nil:
+			r.raw[ev.OutputIndex] = ev.Item // decoding copied it out of the reader's buffer
+			return true, false, nil
 		case isItem:
 			err = r.item(it, &item, done)
 		case typ == "response.output_text.delta" || typ == "response.refusal.delta":
@@ -466,11 +457,5 @@ func (r *streamReader) item(it *upstreamCall, item *responsesItem, done bool) er
 	case isCall:
 		return r.out.args(it.tool, tc.Arguments)
 	}
-	text, _ := jsonString(item.Content) // a message item's text: a string, or its text and refusal parts
-	var parts []responsesPart
-	json.Unmarshal(item.Content, &parts)
-	for _, p := range parts { // a text part has no refusal, a refusal part no text
-		text, r.refusal = text+valueOr(p.Text, "")+p.Refusal, r.refusal || p.Type == "refusal"
-	}
-	return r.out.text(text)
+	return r.delta(&chatMessage{Content: item.Content})
 }

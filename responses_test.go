@@ -65,6 +65,19 @@ func TestParseResponses(t *testing.T) {
 				Dropped: []string{"reasoning", "refusal"}},
 		},
 		{
+			name: "a member of the other tool kind is named",
+			body: `{"model":"m","input":"q","tools":[{"type":"custom","name":"c","parameters":{"type":"object"},"strict":true},
+				{"type":"function","name":"f","format":{"type":"text"}}]}`,
+			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")},
+				Tools: []tool{{Type: toolCustom, Name: "c"}, {Type: toolFunction, Name: "f"}}, Dropped: []string{"parameters", "strict", "format"}},
+		},
+		{
+			name: "a namespace names what it loses",
+			body: `{"model":"m","input":"q","tools":[{"type":"namespace","name":"ns","x_extra":1,"description":"d","tools":[{"type":"function","name":"f"}]}]}`,
+			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")},
+				Tools: []tool{{Type: toolFunction, Name: "ns__f", Namespace: "ns"}}, Dropped: []string{"x_extra", "description"}},
+		},
+		{
 			name: "named tool_choice",
 			body: `{"model":"codex/gpt-5","input":[{"role":"user","content":"q"}],"tool_choice":{"type":"function","name":"f"}}`,
 			want: chatRequest{Model: "codex/gpt-5", Messages: []message{dialectUserText("q")}, ToolChoice: &toolChoice{Mode: toolChoiceTool, Name: "f"}},
@@ -332,5 +345,22 @@ func TestRenderResponsesAnswer(t *testing.T) {
 	mustUnmarshalDialect(t, string(b), &got)
 	if got["status"] != "completed" || got["incomplete_details"] != nil || got["usage"] != nil || got["error"] != nil {
 		t.Errorf("completed response without usage = %s", b)
+	}
+}
+
+// TestResponsesMalformedMessageContent: a message item whose content is neither a string nor parts is a malformed
+// answer (SPEC §8.2: provider_failure), as a chat message's is; it was read as no text.
+func TestResponsesMalformedMessageContent(t *testing.T) {
+	for _, content := range []string{`5`, `[{"type":"output_text","text":5}]`} {
+		body := `{"status":"completed","output":[{"type":"message","role":"assistant","content":` + content + `}]}`
+		_, err := decodeUpstreamAnswer(protoOpenAIResponses, []byte(body))
+		if ae, _ := err.(*apiError); ae == nil || ae.Code != "provider_failure" {
+			t.Errorf("content %s: err = %v, want provider_failure", content, err)
+		}
+	}
+	a, err := decodeUpstreamAnswer(protoOpenAIResponses, []byte(`{"status":"completed","output":[{"type":"message",`+
+		`"content":[{"type":"output_text","text":"a"},{"type":"refusal","refusal":"b"}]}]}`))
+	if err != nil || a.Text != "ab" || a.Finish != finishContentFilter {
+		t.Errorf("text and refusal parts: %+v, %v; want text ab, finish content_filter", a, err)
 	}
 }
