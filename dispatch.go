@@ -201,12 +201,11 @@ candidates:
 			} else if err != nil {
 				return ae
 			}
-			made := e.t.attempts
-			resp, ref := e.send(hr, c, sub)
+			resp, ref, made := e.send(hr, c, sub)
 			if resp != nil {
 				return e.commit(ctx, j, c, creq, sub, resp, start)
 			}
-			if sub != nil && j.rotate && e.t.attempts > made { // none once the caller hung up: no use of sub
+			if sub != nil && j.rotate && made { // none once the caller hung up: no use of sub
 				e.ledger.recordUse(sub.ID, p.id, false, 0, 0)
 			}
 			switch e.met = append(e.met, ref.class); {
@@ -289,31 +288,31 @@ var testingOnlyBeforeCall func(context.Context)
 
 // send makes one provider call, the one place an attempt is counted: a 2xx with its body unread, else the failure (a whole
 // non-2xx's classified, else of no class); plan windows reach sub's ledger from every answer (SPEC §6.3).
-func (e *engine) send(hr *http.Request, c call, sub *overlayItem) (*http.Response, providerRefusal) {
+func (e *engine) send(hr *http.Request, c call, sub *overlayItem) (_ *http.Response, _ providerRefusal, made bool) {
 	p := c.res.Provider
 	if testingOnlyBeforeCall != nil {
 		testingOnlyBeforeCall(hr.Context())
 	}
 	if err := hr.Context().Err(); err != nil { // the caller hung up since the last call: none is sent
-		return nil, providerRefusal{err: classifyTransport(err)}
+		return nil, providerRefusal{err: classifyTransport(err)}, false
 	}
 	e.t.attempts++
 	e.attempts.Add(1)
 	resp, err := e.client.Do(hr)
 	if err != nil {
-		return nil, providerRefusal{err: classifyTransport(err)}
+		return nil, providerRefusal{err: classifyTransport(err)}, true
 	} else if sub != nil {
 		e.ledger.recordWindows(sub.ID, p.id, parsePlanWindows(p.id, resp.Header, e.now()))
 	}
 	if resp.StatusCode/100 == 2 {
-		return resp, providerRefusal{}
+		return resp, providerRefusal{}, true
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return nil, providerRefusal{err: refuse("provider_incomplete", "provider %q answered %d and its body was cut after %d bytes", p.id, resp.StatusCode, len(body)).because(err)}
+		return nil, providerRefusal{err: refuse("provider_incomplete", "provider %q answered %d and its body was cut after %d bytes", p.id, resp.StatusCode, len(body)).because(err)}, true
 	}
-	return nil, classifyRefusal(p.id, resp.StatusCode, resp.Header, body, c.cred.bearer(), e.now())
+	return nil, classifyRefusal(p, resp.StatusCode, resp.Header, body, c.cred.bearer(), e.now()), true
 }
 
 // commit answers from a committed call, never retried (SPEC §7.5), and keeps sub's ledger: spend, a success's pin until

@@ -259,7 +259,11 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) (rep passReport
 			oauth: active && row.tokenURL != "" && credErr == nil && cred.OAuth != nil})
 	}
 	sideBySide(ctx, subs, func(s *passSub) string { return s.it.Provider }, m.readUsage) // one at a time per provider (SPEC §17)
-	sideBySide(ctx, subs, func(s *passSub) string { return s.it.ID }, m.refreshIfDue)
+	sideBySide(ctx, subs, func(s *passSub) string { return s.it.ID }, func(ctx context.Context, s *passSub) {
+		if e := m.o.ledger.entry(s.it.ID); s.oauth && e.Credential.State == credActive { // else refused until a sign-in
+			m.refresh(ctx, s, func(g oauthGrant) bool { return refreshDue(g, e.Credential.RefreshedAtMs, m.o.now()) })
+		}
+	})
 	if err == nil && ctx.Err() != nil { // what it skipped is neither read nor failed: not ok
 		err = fmt.Errorf("%w: the server is stopping, so this pass ended before its reads and refreshes", errMaintenanceStopped)
 	}
@@ -344,14 +348,6 @@ func (m *maintainer) readUsage(ctx context.Context, s *passSub) {
 		m.o.ledger.recordWindows(id, provider, ws)
 		m.o.ledger.recordCheck(id, provider, false, true, fmt.Sprintf("%d window(s) read", len(ws)))
 		m.o.log.Info("usage_read_ok", "subscription_id", id, "provider", provider, "windows", len(ws))
-	}
-}
-
-// refreshIfDue makes s's one attempt when its grant is due, unless its read spent it (the usage pass or a request may have
-// refreshed it meanwhile); needs_reauthorization (set meanwhile too) waits for sign-in.
-func (m *maintainer) refreshIfDue(ctx context.Context, s *passSub) {
-	if e := m.o.ledger.entry(s.it.ID); s.oauth && e.Credential.State == credActive {
-		m.refresh(ctx, s, func(g oauthGrant) bool { return refreshDue(g, e.Credential.RefreshedAtMs, m.o.now()) })
 	}
 }
 
