@@ -324,8 +324,13 @@ func (e *engine) commit(ctx context.Context, j *job, c call, req *callerRequest,
 	u, ae, streamed := j.commit(ctx, c, req, resp)
 	if sub != nil && j.spends {
 		e.ledger.recordUse(sub.ID, p, ae == nil, u.InputTokens, u.OutputTokens)
-		if ae == nil { // only a success pins (SPEC §7.2.4), until a window (this answer's, a usage report's) resets, ≤ 24 h
-			e.pins.Store(e.agent+"\x00"+p, pin{sub.ID, e.ledger.firstReset(sub.ID, now, now.Add(24*time.Hour))})
+		if until := now.Add(24 * time.Hour); ae == nil { // only a success pins (SPEC §7.2.4), until a window resets, ≤ 24 h
+			for _, w := range e.ledger.entry(sub.ID).Windows { // this answer's, a usage report's
+				if at := time.UnixMilli(w.ResetsAtMs); at.After(now) && at.Before(until) {
+					until = at
+				}
+			}
+			e.pins.Store(e.agent+"\x00"+p, pin{sub.ID, until})
 		}
 	}
 	var se *upstreamStreamError
