@@ -127,7 +127,7 @@ func (e *engine) applyMaxTokens(req *chatRequest, res resolution) error {
 	if req.MaxTokens != 0 || res.Provider.codex {
 		return nil
 	}
-	info, _, cause := e.catalog.lookup(res.Provider.id, res.Model)
+	info, _, cause := e.catalog.lookup(res.Provider, res.Model)
 	if info.Limit.Output <= 0 && res.Provider.protocol == protoAnthropic {
 		return refuse("invalid_request", "max_tokens is required: the model's own limit is unknown (%s)", cause)
 	}
@@ -386,7 +386,7 @@ func (e *engine) candidates(res resolution) ([]resolution, error) {
 	add := func(route string) {
 		pid, model, _ := strings.Cut(route, "/")
 		p, known := lookupProvider(pid)
-		info, _, _ := e.catalog.lookup(pid, model)
+		info, _, _ := e.catalog.lookup(p, model)
 		seen := slices.ContainsFunc(out, func(r resolution) bool { return r.Route == route })
 		sees := res.Mode != modeAnyVision || slices.Contains(info.Modalities.Input, "image")
 		if known && model != "" && p.cred != credNone && !seen && sees {
