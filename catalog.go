@@ -185,11 +185,10 @@ func (c *catalog) current() (catalogData, string) {
 	return c.data, ""
 }
 
-// lookup is the entry for model of provider's catalogue vendor (the provider row's), or a short cause naming vendor/model.
-func (c *catalog) lookup(provider, model string) (info modelInfo, ok bool, cause string) {
-	p, _ := lookupProvider(provider)
+// lookup is the entry for model of p's catalogue vendor, or a short cause naming vendor/model.
+func (c *catalog) lookup(p providerInfo, model string) (info modelInfo, ok bool, cause string) {
 	if p.vendor == "" {
-		return modelInfo{}, false, "the catalogue has no vendor for provider " + provider
+		return modelInfo{}, false, "the catalogue has no vendor for provider " + p.id
 	}
 	data, cause := c.current()
 	if info, ok = data[p.vendor].Models[model]; ok && info.Limit.Output <= 0 {

@@ -365,7 +365,7 @@ func TestCatalogFileSourceCorrupt(t *testing.T) {
 func TestCatalogFileSourceMissing(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "secret-place", "api.json")
 	c := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_PATH": file}), http.DefaultClient, quietLog(), newCatalogClock().now)
-	_, ok, cause := c.lookup("anthropic", "m")
+	_, ok, cause := c.lookup(anthropicRow, "m")
 	if ok || !strings.HasPrefix(cause, "the model catalogue is unavailable: ") || !strings.Contains(cause, "no such file") {
 		t.Errorf("lookup = %v, %q; want unavailable naming the missing file", ok, cause)
 	}
@@ -396,7 +396,7 @@ func TestCatalogURLLookupDoesNotWait(t *testing.T) {
 	c := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_URL": cs.srv.URL}), cs.srv.Client(), quietLog(), newCatalogClock().now)
 	wait, _ := startCatalog(t, c)
 	<-cs.arrived // the read is in flight and held by the server
-	_, ok, cause := c.lookup("anthropic", "claude-sonnet-4-5")
+	_, ok, cause := c.lookup(anthropicRow, "claude-sonnet-4-5")
 	if ok || cause != "the model catalogue is unavailable: the first catalogue read has not finished" {
 		t.Errorf("lookup during the first read = %v, %q", ok, cause)
 	}
@@ -405,7 +405,7 @@ func TestCatalogURLLookupDoesNotWait(t *testing.T) {
 	}
 	close(cs.release)
 	wait()
-	if _, ok, cause := c.lookup("anthropic", "claude-sonnet-4-5"); !ok {
+	if _, ok, cause := c.lookup(anthropicRow, "claude-sonnet-4-5"); !ok {
 		t.Errorf("lookup after the read = false, %q", cause)
 	}
 }
@@ -426,7 +426,7 @@ func TestCatalogURLStaleSingleFlight(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if _, ok, _ := c.lookup("anthropic", "claude-sonnet-4-5"); ok {
+				if _, ok, _ := c.lookup(anthropicRow, "claude-sonnet-4-5"); ok {
 					served.Add(1) // stale memory still answers
 				}
 			}()
@@ -445,7 +445,7 @@ func TestCatalogURLStaleSingleFlight(t *testing.T) {
 	lookups()
 	close(cs.release)
 	wait()
-	c.lookup("anthropic", "claude-sonnet-4-5") // fresh: no further read
+	c.lookup(anthropicRow, "claude-sonnet-4-5") // fresh: no further read
 	if c.testRefreshing() {
 		t.Error("a fresh catalogue queued another read")
 	}
@@ -468,22 +468,22 @@ func TestCatalogURLFailureNotRetriedWithinTTL(t *testing.T) {
 	wait, stop := startCatalog(t, c)
 	wait()
 
-	_, ok, cause := c.lookup("anthropic", "claude-sonnet-4-5")
+	_, ok, cause := c.lookup(anthropicRow, "claude-sonnet-4-5")
 	if ok || cause != "the model catalogue is unavailable: catalogue read: HTTP status 503" {
 		t.Errorf("lookup after a failed read = %v, %q", ok, cause)
 	}
 	clock.advance(899 * time.Second)
-	c.lookup("anthropic", "claude-sonnet-4-5")
+	c.lookup(anthropicRow, "claude-sonnet-4-5")
 	if c.testRefreshing() {
 		t.Fatal("a failed read was retried within the TTL")
 	}
 	clock.advance(time.Second)
-	c.lookup("anthropic", "claude-sonnet-4-5")
+	c.lookup(anthropicRow, "claude-sonnet-4-5")
 	if !c.testRefreshing() {
 		t.Fatal("no retry once the TTL passed")
 	}
 	wait()
-	if _, ok, cause := c.lookup("anthropic", "claude-sonnet-4-5"); !ok {
+	if _, ok, cause := c.lookup(anthropicRow, "claude-sonnet-4-5"); !ok {
 		t.Errorf("lookup after the retry = false, %q", cause)
 	}
 	stop()
@@ -577,7 +577,8 @@ func TestCatalogNoStateDir(t *testing.T) {
 		t.Errorf("outputLimit from memory = %d, %q", n, cause)
 	}
 	clock.advance(time.Hour)
-	c.lookup("kimi", "kimi-k2-0711-preview")
+	kimi, _ := lookupProvider("kimi")
+	c.lookup(kimi, "kimi-k2-0711-preview")
 	wait()
 	stop()
 	lines := logs.lines(t, "model_metadata_cache_unplaced")
@@ -591,7 +592,7 @@ func TestCatalogNoStateDir(t *testing.T) {
 
 func TestCatalogStartNeverCalled(t *testing.T) {
 	c := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_URL": "http://127.0.0.1:1/"}), http.DefaultClient, quietLog(), time.Now)
-	_, ok, cause := c.lookup("anthropic", "m")
+	_, ok, cause := c.lookup(anthropicRow, "m")
 	if ok || cause != "the model catalogue is unavailable: no catalogue read has been started" {
 		t.Errorf("lookup = %v, %q", ok, cause)
 	}
@@ -716,8 +717,12 @@ func mustMarshal(t *testing.T, data catalogData) []byte {
 	return b
 }
 
+var anthropicRow, _ = lookupProvider("anthropic")
+
 // outputLimit is §6.4's max_tokens lookup as applyMaxTokens reads it: the model's output limit, or 0 with the cause.
 func outputLimit(c *catalog, provider, model string) (int, string) {
-	info, _, cause := c.lookup(provider, model)
+	p, _ := lookupProvider(provider)
+	p.id = provider // an unknown one, named as given
+	info, _, cause := c.lookup(p, model)
 	return int(info.Limit.Output), cause
 }

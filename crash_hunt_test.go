@@ -217,9 +217,9 @@ func TestStrictDecoderMatchesMemberNamesExactly(t *testing.T) {
 		parse             func([]byte) error
 	}{
 		{"vault duplicate by case", `{"schema_version":1,"direct":{"openai":{"api_key":"A"}},"Direct":{"openai":{"api_key":"B"}}}`, `"Direct"`,
-			func(b []byte) error { _, err := parseVault(b); return err }},
+			func(b []byte) error { _, err := newVault("", nil).parse(b); return err }},
 		{"vault member in a map", `{"schema_version":1,"direct":{"openai":{"API_KEY":"A"}}}`, `"API_KEY"`,
-			func(b []byte) error { _, err := parseVault(b); return err }},
+			func(b []byte) error { _, err := newVault("", nil).parse(b); return err }},
 		{"ledger window", `{"schema_version":1,"subscriptions":{"sub_0123456789abcdef":{"provider":"codex","windows":[{"ID":"codex:primary"}],"credential":{"state":"active"}}}}`, `"ID"`,
 			func(b []byte) error { _, err := parseLedger(b); return err }},
 		{"overlay", `{"schema_version":1,"Items":[]}`, `"Items"`,

@@ -294,7 +294,7 @@ func TestSubscriptionCredentialThatCannotBeSent(t *testing.T) {
 		if st := credentialStateOf(t, d, "a1", id); st != "active" {
 			t.Errorf("credential state %q, want active (a transport failure changes nothing)", st)
 		}
-		doc, err := parseVault(mustRead(t, filepath.Join(d.env["BRAMA_STATE_DIR"], "vault.json")))
+		doc, err := newVault("", nil).parse(mustRead(t, filepath.Join(d.env["BRAMA_STATE_DIR"], "vault.json")))
 		if g := doc.Subscriptions[id].OAuth; err != nil || g == nil || g.AccessToken != "oat-first-0123456789" || g.RefreshToken != "ort-planted" {
 			t.Errorf("the vault's grant changed: %v %+v", err, g)
 		}
@@ -316,7 +316,7 @@ func TestSubscriptionCredentialThatCannotBeSent(t *testing.T) {
 			d := startDaemon(t, env, "")
 			token, ids := agentWithSubs(t, d, "a1", "kimi", "kimi-bad", "kimi-good")
 			vaultPath := filepath.Join(env["BRAMA_STATE_DIR"], "vault.json")
-			doc, err := parseVault(mustRead(t, vaultPath))
+			doc, err := newVault("", nil).parse(mustRead(t, vaultPath))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -127,7 +127,7 @@ func (e *engine) applyMaxTokens(req *chatRequest, res resolution) error {
 	if req.MaxTokens != 0 || res.Provider.codex {
 		return nil
 	}
-	info, _, cause := e.catalog.lookup(res.Provider.id, res.Model)
+	info, _, cause := e.catalog.lookup(res.Provider, res.Model)
 	if info.Limit.Output <= 0 && res.Provider.protocol == protoAnthropic {
 		return refuse("invalid_request", "max_tokens is required: the model's own limit is unknown (%s)", cause)
 	}
@@ -201,12 +201,11 @@ candidates:
 			} else if err != nil {
 				return ae
 			}
-			made := e.t.attempts
-			resp, ref := e.send(hr, c, sub)
+			resp, ref, made := e.send(hr, c, sub)
 			if resp != nil {
 				return e.commit(ctx, j, c, creq, sub, resp, start)
 			}
-			if sub != nil && j.rotate && e.t.attempts > made { // none once the caller hung up: no use of sub
+			if sub != nil && j.rotate && made { // none once the caller hung up: no use of sub
 				e.ledger.recordUse(sub.ID, p.id, false, 0, 0)
 			}
 			switch e.met = append(e.met, ref.class); {
@@ -289,31 +288,31 @@ var testingOnlyBeforeCall func(context.Context)
 
 // send makes one provider call, the one place an attempt is counted: a 2xx with its body unread, else the failure (a whole
 // non-2xx's classified, else of no class); plan windows reach sub's ledger from every answer (SPEC §6.3).
-func (e *engine) send(hr *http.Request, c call, sub *overlayItem) (*http.Response, providerRefusal) {
+func (e *engine) send(hr *http.Request, c call, sub *overlayItem) (_ *http.Response, _ providerRefusal, made bool) {
 	p := c.res.Provider
 	if testingOnlyBeforeCall != nil {
 		testingOnlyBeforeCall(hr.Context())
 	}
 	if err := hr.Context().Err(); err != nil { // the caller hung up since the last call: none is sent
-		return nil, providerRefusal{err: classifyTransport(err)}
+		return nil, providerRefusal{err: classifyTransport(err)}, false
 	}
 	e.t.attempts++
 	e.attempts.Add(1)
 	resp, err := e.client.Do(hr)
 	if err != nil {
-		return nil, providerRefusal{err: classifyTransport(err)}
+		return nil, providerRefusal{err: classifyTransport(err)}, true
 	} else if sub != nil {
 		e.ledger.recordWindows(sub.ID, p.id, parsePlanWindows(p.id, resp.Header, e.now()))
 	}
 	if resp.StatusCode/100 == 2 {
-		return resp, providerRefusal{}
+		return resp, providerRefusal{}, true
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return nil, providerRefusal{err: refuse("provider_incomplete", "provider %q answered %d and its body was cut after %d bytes", p.id, resp.StatusCode, len(body)).because(err)}
+		return nil, providerRefusal{err: refuse("provider_incomplete", "provider %q answered %d and its body was cut after %d bytes", p.id, resp.StatusCode, len(body)).because(err)}, true
 	}
-	return nil, classifyRefusal(p.id, resp.StatusCode, resp.Header, body, c.cred.bearer(), e.now())
+	return nil, classifyRefusal(p, resp.StatusCode, resp.Header, body, c.cred.bearer(), e.now()), true
 }
 
 // commit answers from a committed call, never retried (SPEC §7.5), and keeps sub's ledger: spend, a success's pin until
@@ -325,8 +324,13 @@ func (e *engine) commit(ctx context.Context, j *job, c call, req *callerRequest,
 	u, ae, streamed := j.commit(ctx, c, req, resp)
 	if sub != nil && j.spends {
 		e.ledger.recordUse(sub.ID, p, ae == nil, u.InputTokens, u.OutputTokens)
-		if ae == nil { // only a success pins (SPEC §7.2.4), until a window (this answer's, a usage report's) resets, ≤ 24 h
-			e.pins.Store(e.agent+"\x00"+p, pin{sub.ID, e.ledger.firstReset(sub.ID, now, now.Add(24*time.Hour))})
+		if until := now.Add(24 * time.Hour); ae == nil { // only a success pins (SPEC §7.2.4), until a window resets, ≤ 24 h
+			for _, w := range e.ledger.entry(sub.ID).Windows { // this answer's, a usage report's
+				if at := time.UnixMilli(w.ResetsAtMs); at.After(now) && at.Before(until) {
+					until = at
+				}
+			}
+			e.pins.Store(e.agent+"\x00"+p, pin{sub.ID, until})
 		}
 	}
 	var se *upstreamStreamError
@@ -382,7 +386,7 @@ func (e *engine) candidates(res resolution) ([]resolution, error) {
 	add := func(route string) {
 		pid, model, _ := strings.Cut(route, "/")
 		p, known := lookupProvider(pid)
-		info, _, _ := e.catalog.lookup(pid, model)
+		info, _, _ := e.catalog.lookup(p, model)
 		seen := slices.ContainsFunc(out, func(r resolution) bool { return r.Route == route })
 		sees := res.Mode != modeAnyVision || slices.Contains(info.Modalities.Input, "image")
 		if known && model != "" && p.cred != credNone && !seen && sees {

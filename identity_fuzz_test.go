@@ -42,7 +42,7 @@ func FuzzParseVault(f *testing.F) {
 	f.Add([]byte(``))
 	f.Add([]byte(`{"schema_version":1,"direct":{"openai":{"api_key":"A"}},"Direct":{"openai":{"API_KEY":"B"}}}`)) // refused: names are exact
 	f.Fuzz(func(t *testing.T, b []byte) {
-		doc, err := parseVault(b)
+		doc, err := newVault("", nil).parse(b)
 		if err != nil {
 			return
 		}
@@ -50,7 +50,7 @@ func FuzzParseVault(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		doc2, err := parseVault(again)
+		doc2, err := newVault("", nil).parse(again)
 		if err != nil {
 			t.Fatalf("re-encoded vault refused: %v", err)
 		}

@@ -160,10 +160,7 @@ func (j *journal) size() (int64, error) {
 	j.mu.Lock()
 	broken := j.broken
 	j.mu.Unlock()
-	if j.name == "" {
-		return 0, broken
-	}
-	_, id, err := guardFile("journal", j.name, false)
+	_, id, err := guardFile("journal", j.name, false) // name "" (no state directory): absent
 	if errors.Is(err, errFileAbsent) {
 		err = nil
 	}

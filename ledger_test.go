@@ -529,7 +529,7 @@ func TestLedgerConcurrent(t *testing.T) {
 				}
 				(&inventory{l: l}).row(overlayItem{ID: ledgerIDA}, false, ledgerT0)
 				l.freedom(ledgerIDB, ledgerT0)
-				l.firstReset(ledgerIDB, ledgerT0, ledgerT0.Add(time.Hour))
+				l.entry(ledgerIDB)
 				l.nextDue(ledgerT0, nil)
 				if timers.count() > 0 && j%7 == 0 {
 					timers.fireLast(t)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 )
@@ -255,11 +256,19 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) (rep passReport
 		cred, credErr := m.inv.credential(it.ID) // an error fails its due read
 		row, _ := lookupProvider(it.Provider)
 		active := m.o.ledger.entry(it.ID).Credential.State == credActive
-		subs = append(subs, &passSub{it: it, reportable: active && row.usage != "" && (credErr != nil || row.usageReadable(cred)),
+		readable := credErr != nil || cred.OAuth != nil || row.usageAPIKey && cred.APIKey != "" // a grant reads every report
+		subs = append(subs, &passSub{it: it, reportable: active && row.usage != "" && readable,
 			oauth: active && row.tokenURL != "" && credErr == nil && cred.OAuth != nil})
 	}
 	sideBySide(ctx, subs, func(s *passSub) string { return s.it.Provider }, m.readUsage) // one at a time per provider (SPEC §17)
-	sideBySide(ctx, subs, func(s *passSub) string { return s.it.ID }, m.refreshIfDue)
+	sideBySide(ctx, subs, func(s *passSub) string { return s.it.ID }, func(ctx context.Context, s *passSub) {
+		if e := m.o.ledger.entry(s.it.ID); s.oauth && e.Credential.State == credActive { // else refused until a sign-in
+			m.refresh(ctx, s, func(g oauthGrant) bool { // SPEC §11.2: expired (no minute early), or unknown and never refreshed
+				exp := g.ExpiresAtMs
+				return exp == 0 && e.Credential.RefreshedAtMs == 0 || exp != 0 && m.o.now().UnixMilli() >= exp
+			})
+		}
+	})
 	if err == nil && ctx.Err() != nil { // what it skipped is neither read nor failed: not ok
 		err = fmt.Errorf("%w: the server is stopping, so this pass ended before its reads and refreshes", errMaintenanceStopped)
 	}
@@ -312,7 +321,9 @@ func sideBySide(ctx context.Context, subs []*passSub, key func(*passSub) string,
 // path's rule: s's one attempt.
 func (m *maintainer) readUsage(ctx context.Context, s *passSub) {
 	id, provider := s.it.ID, s.it.Provider
-	if !s.reportable || !usageDue(m.o.ledger.entry(id), m.o.now()) {
+	e, now := m.o.ledger.entry(id), m.o.now().UnixMilli() // due: unread, a failed read, a reset passed or unnamed (§11.2)
+	stale := slices.ContainsFunc(e.Windows, func(w planWindow) bool { return w.ResetsAtMs == 0 || w.ResetsAtMs <= now })
+	if !s.reportable || e.UsageRead.AtMs != 0 && e.UsageRead.OK && len(e.Windows) > 0 && !stale {
 		return
 	}
 	cred, err := m.refresh(ctx, s, func(g oauthGrant) bool { return expiredForRequest(g, m.o.now()) })
@@ -344,14 +355,6 @@ func (m *maintainer) readUsage(ctx context.Context, s *passSub) {
 		m.o.ledger.recordWindows(id, provider, ws)
 		m.o.ledger.recordCheck(id, provider, false, true, fmt.Sprintf("%d window(s) read", len(ws)))
 		m.o.log.Info("usage_read_ok", "subscription_id", id, "provider", provider, "windows", len(ws))
-	}
-}
-
-// refreshIfDue makes s's one attempt when its grant is due, unless its read spent it (the usage pass or a request may have
-// refreshed it meanwhile); needs_reauthorization (set meanwhile too) waits for sign-in.
-func (m *maintainer) refreshIfDue(ctx context.Context, s *passSub) {
-	if e := m.o.ledger.entry(s.it.ID); s.oauth && e.Credential.State == credActive {
-		m.refresh(ctx, s, func(g oauthGrant) bool { return refreshDue(g, e.Credential.RefreshedAtMs, m.o.now()) })
 	}
 }
 

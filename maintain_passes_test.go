@@ -336,10 +336,14 @@ func TestUsageAndRefreshDue(t *testing.T) {
 		{name: "reset passed", e: ledgerEntry{UsageRead: read, Windows: win(ms)}, want: true},
 		{name: "fresh", e: ledgerEntry{UsageRead: read, Windows: win(ms + 1)}, want: false},
 	}
-	for _, tc := range usage {
+	for _, tc := range usage { // readUsage reads a reportable subscription's report only when due
 		t.Run("usage "+tc.name, func(t *testing.T) {
-			if got := usageDue(tc.e, now); got != tc.want {
-				t.Errorf("usageDue = %v, want %v", got, tc.want)
+			fx := newMaintFixture(t)
+			id := fx.donate(t, "kimi", vaultCredential{APIKey: "plantedKimiKey"})
+			fx.l.mutate(id, "kimi", false, func(e *ledgerEntry, _ time.Time) { *e = tc.e; e.Credential.State = credActive })
+			fx.m.readUsage(context.Background(), &passSub{it: overlayItem{ID: id, Provider: "kimi"}, reportable: true})
+			if got := fx.fake.count(fakeKimiUsage) == 1; got != tc.want {
+				t.Errorf("usage due = %v, want %v", got, tc.want)
 			}
 		})
 	}
@@ -355,10 +359,17 @@ func TestUsageAndRefreshDue(t *testing.T) {
 		{name: "unknown, never refreshed", want: true},
 		{name: "unknown, refreshed before", refreshedAt: ms - 1, want: false},
 	}
-	for _, tc := range refresh {
+	for _, tc := range refresh { // the refresh pass refreshes a grant only when due
 		t.Run("refresh "+tc.name, func(t *testing.T) {
-			if got := refreshDue(oauthGrant{ExpiresAtMs: tc.expires}, tc.refreshedAt, now); got != tc.want {
-				t.Errorf("refreshDue = %v, want %v", got, tc.want)
+			fx := newMaintFixture(t)
+			g := grant("Due", time.Time{})
+			g.OAuth.ExpiresAtMs = tc.expires
+			id := fx.donate(t, "claude-code", g)
+			fx.seedReading(id, "claude-code", true, now.Add(time.Hour)) // isolate the refresh pass
+			fx.l.activate(id, "claude-code", tc.expires, tc.refreshedAt)
+			fx.m.passOnce(context.Background(), "")
+			if got := fx.fake.count("/token/claude-code") == 1; got != tc.want {
+				t.Errorf("refresh due = %v, want %v", got, tc.want)
 			}
 		})
 	}
@@ -367,18 +378,20 @@ func TestUsageAndRefreshDue(t *testing.T) {
 		cred     vaultCredential
 		want     bool
 	}{
-		{"claude-code", vaultCredential{OAuth: &oauthGrant{}}, true},
+		{"claude-code", grant("R", maintT0.Add(time.Hour)), true},
 		{"claude-code", vaultCredential{APIKey: "k"}, false},
-		{"codex", vaultCredential{OAuth: &oauthGrant{}}, true},
+		{"codex", grant("R", maintT0.Add(time.Hour)), true},
 		{"codex", vaultCredential{APIKey: "k"}, false},
-		{"kimi", vaultCredential{OAuth: &oauthGrant{}}, true},
+		{"kimi", grant("R", maintT0.Add(time.Hour)), true},
 		{"kimi", vaultCredential{APIKey: "k"}, true},
 		{"openai", vaultCredential{APIKey: "k"}, false},
 		{"anthropic", vaultCredential{APIKey: "k"}, false},
 	}
-	for _, tc := range reportable {
-		if p, _ := lookupProvider(tc.provider); p.usageReadable(tc.cred) != tc.want {
-			t.Errorf("usageReadable(%s, api key %v) = %v", tc.provider, tc.cred.APIKey != "", !tc.want)
+	for _, tc := range reportable { // a pass counts the subscriptions whose credential reads their provider's report
+		fx := newMaintFixture(t)
+		fx.donate(t, tc.provider, tc.cred)
+		if rep := fx.m.passOnce(context.Background(), ""); (rep.Usage.Subscriptions == 1) != tc.want {
+			t.Errorf("reportable(%s, api key %v) = %v", tc.provider, tc.cred.APIKey != "", !tc.want)
 		}
 	}
 }

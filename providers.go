@@ -91,10 +91,6 @@ func lookupProvider(id string) (providerInfo, bool) {
 	return providerTable[i], true
 }
 
-func (p providerInfo) usageReadable(cred vaultCredential) bool {
-	return p.usage != "" && (cred.OAuth != nil || p.usageAPIKey && cred.APIKey != "")
-}
-
 // usageEndpoint is p's usage report URL: below its base URL, or its own, which only BRAMA_PROVIDER_<ID>_USAGE_URL moves.
 func (p providerInfo) usageEndpoint(getenv func(string) string) (string, error) {
 	if !strings.HasPrefix(p.usage, "/") { // "": no report, which no URL check passes
@@ -285,8 +281,7 @@ type providerRefusal struct {
 var quotaCodes = map[string]bool{"insufficient_quota": true, "billing_hard_limit_reached": true, "billing_not_active": true, "billing_error": true}
 
 // classifyRefusal sorts a provider's non-2xx answer; presented is redacted from quotes after the class: no key changes a code.
-func classifyRefusal(provider string, status int, header http.Header, body []byte, presented string, now time.Time) providerRefusal {
-	p, _ := lookupProvider(provider)
+func classifyRefusal(p providerInfo, status int, header http.Header, body []byte, presented string, now time.Time) providerRefusal {
 	var b struct{ Error, Detail json.RawMessage } // no other shape is quoted: a raw body never is
 	json.Unmarshal(body, &b)                      // a body of another shape leaves both empty
 	f, ok := errorObject(b.Error)
@@ -312,7 +307,7 @@ func classifyRefusal(provider string, status int, header http.Header, body []byt
 	case status >= 500:
 		ec = "dependency_unavailable"
 	}
-	m := fmt.Sprintf("provider %q answered %d", provider, status)
+	m := fmt.Sprintf("provider %q answered %d", p.id, status)
 	if label := cmp.Or(cleanQuoted(f.code, presented, 64), cleanQuoted(f.typ, presented, 64)); label != "" {
 		m += " (" + label + ")"
 	}

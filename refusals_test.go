@@ -107,7 +107,9 @@ func TestClassifyRefusal(t *testing.T) {
 			if h == nil {
 				h = http.Header{}
 			}
-			r := classifyRefusal(tt.protocol, tt.status, h, []byte(tt.body), key, now)
+			p, _ := lookupProvider(tt.protocol)
+			p.id = tt.protocol // protoOpenAIChat names none: an unknown provider, named as given
+			r := classifyRefusal(p, tt.status, h, []byte(tt.body), key, now)
 			if r.class != tt.class {
 				t.Errorf("class = %q, want %q", r.class, tt.class)
 			}
@@ -164,7 +166,8 @@ func TestClassifyRefusalStatus(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprint(tt.status), func(t *testing.T) {
-			r := classifyRefusal("openai", tt.status, http.Header{"Retry-After": {"7"}}, body, "", time.Now())
+			openai, _ := lookupProvider("openai")
+			r := classifyRefusal(openai, tt.status, http.Header{"Retry-After": {"7"}}, body, "", time.Now())
 			if r.err.Code != tt.code || r.err.Status() != tt.httpStatus || r.err.RetryAfter != tt.retryAfter {
 				t.Errorf("provider %d → %s %d retry-after %v, want %s %d %v", tt.status, r.err.Code, r.err.Status(), r.err.RetryAfter, tt.code, tt.httpStatus, tt.retryAfter)
 			}
@@ -177,7 +180,8 @@ func TestClassifyRefusalStatus(t *testing.T) {
 // is redacted all the same.
 func TestClassifyBeforeRedacting(t *testing.T) {
 	body := []byte(`{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","code":"insufficient_quota"}}`)
-	r := classifyRefusal("openai", 429, http.Header{}, body, "a", time.Now())
+	openai, _ := lookupProvider("openai")
+	r := classifyRefusal(openai, 429, http.Header{}, body, "a", time.Now())
 	if r.class != refusalQuota || r.err.Code != "provider_quota_exhausted" {
 		t.Errorf("key %q: class %q code %q, want quota / provider_quota_exhausted", "a", r.class, r.err.Code)
 	}
@@ -194,7 +198,8 @@ func TestClassifyBeforeRedacting(t *testing.T) {
 
 func TestClassifyRefusalSentenceBound(t *testing.T) {
 	long := strings.Repeat("é", 300)
-	r := classifyRefusal("openai", 400, http.Header{}, []byte(`{"error":{"message":"`+long+`"}}`), "", time.Now())
+	openai, _ := lookupProvider("openai")
+	r := classifyRefusal(openai, 400, http.Header{}, []byte(`{"error":{"message":"`+long+`"}}`), "", time.Now())
 	if len(r.sentence) > maxSentenceBytes || !utf8.ValidString(r.sentence) {
 		t.Errorf("sentence is %d bytes, valid UTF-8 %v", len(r.sentence), utf8.ValidString(r.sentence))
 	}
@@ -353,7 +358,9 @@ func FuzzProviderError(f *testing.F) {
 		h.Set("X-Codex-Primary-Used-Percent", "100")
 		h.Set("X-Codex-Primary-Reset-After-Seconds", retry)
 		for _, who := range []string{"openai", "anthropic", "codex", protoOpenAIChat} {
-			r := classifyRefusal(who, status, h, body, secret, now)
+			p, _ := lookupProvider(who)
+			p.id = who // protoOpenAIChat names none: an unknown provider, named as given
+			r := classifyRefusal(p, status, h, body, secret, now)
 			if r.err == nil {
 				t.Fatal("no apiError")
 			}

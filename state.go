@@ -375,10 +375,15 @@ type vault struct {
 	unwritten map[string][2]oauthGrant // under mu, by subscription id: the stored grant replaced, and its rotation
 }
 
+// newVault's parse is strict, every section non-nil (maps.Collect never answers nil); an empty file is an empty vault.
 func newVault(path string, pathErr error) *vault {
 	v := &vault{stateFile: stateFile[*vaultDoc]{role: "vault", path: path, pathErr: pathErr}, unwritten: map[string][2]oauthGrant{}}
-	v.parse = func(b []byte) (*vaultDoc, error) { // stateFile runs it under mu
-		doc, err := parseVault(b)
+	v.parse = func(b []byte) (doc *vaultDoc, err error) { // stateFile runs it under mu
+		doc = &vaultDoc{SchemaVersion: 1}
+		if len(b) > 0 {
+			err = decodeStrict("vault", b, doc)
+		}
+		doc.Direct, doc.Subscriptions = maps.Collect(maps.All(doc.Direct)), maps.Collect(maps.All(doc.Subscriptions))
 		for id, u := range v.unwritten {
 			if c := doc.Subscriptions[id].OAuth; err == nil && c != nil && c.RefreshToken == u[0].RefreshToken {
 				doc.Subscriptions[id] = vaultCredential{OAuth: &u[1]}
@@ -389,17 +394,6 @@ func newVault(path string, pathErr error) *vault {
 		return doc, err
 	}
 	return v
-}
-
-// parseVault strictly parses vault bytes, every section non-nil (maps.Collect never answers nil); an empty file is an
-// empty vault.
-func parseVault(b []byte) (doc *vaultDoc, err error) {
-	doc = &vaultDoc{SchemaVersion: 1}
-	if len(b) > 0 {
-		err = decodeStrict("vault", b, doc)
-	}
-	doc.Direct, doc.Subscriptions = maps.Collect(maps.All(doc.Direct)), maps.Collect(maps.All(doc.Subscriptions))
-	return doc, err
 }
 
 // keepUnwritten keeps g, the rotation of old, until a vault write takes it.
