@@ -160,7 +160,10 @@ func (j *journal) size() (int64, error) {
 	j.mu.Lock()
 	broken := j.broken
 	j.mu.Unlock()
-	_, id, err := guardFile("journal", j.name, false) // name "" (no state directory): absent
+	if j.name == "" {
+		return 0, broken
+	}
+	_, id, err := guardFile("journal", j.name, false)
 	if errors.Is(err, errFileAbsent) {
 		err = nil
 	}
