@@ -256,8 +256,7 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) (rep passReport
 		cred, credErr := m.inv.credential(it.ID) // an error fails its due read
 		row, _ := lookupProvider(it.Provider)
 		active := m.o.ledger.entry(it.ID).Credential.State == credActive
-		readable := credErr != nil || cred.OAuth != nil || row.usageAPIKey && cred.APIKey != "" // a grant reads every report
-		subs = append(subs, &passSub{it: it, reportable: active && row.usage != "" && readable,
+		subs = append(subs, &passSub{it: it, reportable: active && row.usage != "" && (credErr != nil || row.usageReadable(cred)),
 			oauth: active && row.tokenURL != "" && credErr == nil && cred.OAuth != nil})
 	}
 	sideBySide(ctx, subs, func(s *passSub) string { return s.it.Provider }, m.readUsage) // one at a time per provider (SPEC §17)

@@ -91,6 +91,10 @@ func lookupProvider(id string) (providerInfo, bool) {
 	return providerTable[i], true
 }
 
+func (p providerInfo) usageReadable(cred vaultCredential) bool {
+	return p.usage != "" && (cred.OAuth != nil || p.usageAPIKey && cred.APIKey != "")
+}
+
 // usageEndpoint is p's usage report URL: below its base URL, or its own, which only BRAMA_PROVIDER_<ID>_USAGE_URL moves.
 func (p providerInfo) usageEndpoint(getenv func(string) string) (string, error) {
 	if !strings.HasPrefix(p.usage, "/") { // "": no report, which no URL check passes
