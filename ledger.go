@@ -314,6 +314,17 @@ func (l *ledger) freedom(id string, now time.Time) []float64 {
 	return []float64{float64(boolCount(e.Block.UntilMs > now.UnixMilli())), full}
 }
 
+// usageDue is SPEC §11.2's "read once when": no reading, a failed one, a reset passed or unnamed.
+func usageDue(e ledgerEntry, now time.Time) bool {
+	return e.UsageRead.AtMs == 0 || !e.UsageRead.OK || len(e.Windows) == 0 ||
+		slices.ContainsFunc(e.Windows, func(w planWindow) bool { return w.ResetsAtMs == 0 || w.ResetsAtMs <= now.UnixMilli() })
+}
+
+// refreshDue is SPEC §11.2's: expired (not the request path's minute early), or unknown and never refreshed.
+func refreshDue(g oauthGrant, refreshedAtMs int64, now time.Time) bool {
+	return g.ExpiresAtMs == 0 && refreshedAtMs == 0 || g.ExpiresAtMs != 0 && now.UnixMilli() >= g.ExpiresAtMs
+}
+
 // nextDue is the earliest moment after now the ledger states something falls due (SPEC §11.2), zero if none: a grant's
 // expiry, a window's reset, a block's end, unless retired (§9) or refused until a sign-in replaces the credential.
 func (l *ledger) nextDue(now time.Time, retired map[string]bool) (best time.Time) {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
 	"sync"
 	"time"
 )
@@ -262,10 +261,7 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) (rep passReport
 	sideBySide(ctx, subs, func(s *passSub) string { return s.it.Provider }, m.readUsage) // one at a time per provider (SPEC §17)
 	sideBySide(ctx, subs, func(s *passSub) string { return s.it.ID }, func(ctx context.Context, s *passSub) {
 		if e := m.o.ledger.entry(s.it.ID); s.oauth && e.Credential.State == credActive { // else refused until a sign-in
-			m.refresh(ctx, s, func(g oauthGrant) bool { // SPEC §11.2: expired (no minute early), or unknown and never refreshed
-				exp := g.ExpiresAtMs
-				return exp == 0 && e.Credential.RefreshedAtMs == 0 || exp != 0 && m.o.now().UnixMilli() >= exp
-			})
+			m.refresh(ctx, s, func(g oauthGrant) bool { return refreshDue(g, e.Credential.RefreshedAtMs, m.o.now()) })
 		}
 	})
 	if err == nil && ctx.Err() != nil { // what it skipped is neither read nor failed: not ok
@@ -320,9 +316,7 @@ func sideBySide(ctx context.Context, subs []*passSub, key func(*passSub) string,
 // path's rule: s's one attempt.
 func (m *maintainer) readUsage(ctx context.Context, s *passSub) {
 	id, provider := s.it.ID, s.it.Provider
-	e, now := m.o.ledger.entry(id), m.o.now().UnixMilli() // due: unread, a failed read, a reset passed or unnamed (§11.2)
-	stale := slices.ContainsFunc(e.Windows, func(w planWindow) bool { return w.ResetsAtMs == 0 || w.ResetsAtMs <= now })
-	if !s.reportable || e.UsageRead.AtMs != 0 && e.UsageRead.OK && len(e.Windows) > 0 && !stale {
+	if !s.reportable || !usageDue(m.o.ledger.entry(id), m.o.now()) {
 		return
 	}
 	cred, err := m.refresh(ctx, s, func(g oauthGrant) bool { return expiredForRequest(g, m.o.now()) })

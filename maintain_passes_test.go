@@ -336,14 +336,10 @@ func TestUsageAndRefreshDue(t *testing.T) {
 		{name: "reset passed", e: ledgerEntry{UsageRead: read, Windows: win(ms)}, want: true},
 		{name: "fresh", e: ledgerEntry{UsageRead: read, Windows: win(ms + 1)}, want: false},
 	}
-	for _, tc := range usage { // readUsage reads a reportable subscription's report only when due
+	for _, tc := range usage {
 		t.Run("usage "+tc.name, func(t *testing.T) {
-			fx := newMaintFixture(t)
-			id := fx.donate(t, "kimi", vaultCredential{APIKey: "plantedKimiKey"})
-			fx.l.mutate(id, "kimi", false, func(e *ledgerEntry, _ time.Time) { *e = tc.e; e.Credential.State = credActive })
-			fx.m.readUsage(context.Background(), &passSub{it: overlayItem{ID: id, Provider: "kimi"}, reportable: true})
-			if got := fx.fake.count(fakeKimiUsage) == 1; got != tc.want {
-				t.Errorf("usage due = %v, want %v", got, tc.want)
+			if got := usageDue(tc.e, now); got != tc.want {
+				t.Errorf("usageDue = %v, want %v", got, tc.want)
 			}
 		})
 	}
@@ -359,17 +355,10 @@ func TestUsageAndRefreshDue(t *testing.T) {
 		{name: "unknown, never refreshed", want: true},
 		{name: "unknown, refreshed before", refreshedAt: ms - 1, want: false},
 	}
-	for _, tc := range refresh { // the refresh pass refreshes a grant only when due
+	for _, tc := range refresh {
 		t.Run("refresh "+tc.name, func(t *testing.T) {
-			fx := newMaintFixture(t)
-			g := grant("Due", time.Time{})
-			g.OAuth.ExpiresAtMs = tc.expires
-			id := fx.donate(t, "claude-code", g)
-			fx.seedReading(id, "claude-code", true, now.Add(time.Hour)) // isolate the refresh pass
-			fx.l.activate(id, "claude-code", tc.expires, tc.refreshedAt)
-			fx.m.passOnce(context.Background(), "")
-			if got := fx.fake.count("/token/claude-code") == 1; got != tc.want {
-				t.Errorf("refresh due = %v, want %v", got, tc.want)
+			if got := refreshDue(oauthGrant{ExpiresAtMs: tc.expires}, tc.refreshedAt, now); got != tc.want {
+				t.Errorf("refreshDue = %v, want %v", got, tc.want)
 			}
 		})
 	}
