@@ -92,10 +92,9 @@ const (
 type part struct {
 	Type       string
 	Text       string // text; tool_result: its text content
-	ImageURL   string // image: an https URL or a data URL
+	URL        string // image and document: an https URL or a data URL
 	Detail     string // image: the OpenAI formats' detail
-	FileURL    string // document: an https URL or a data URL
-	Filename   string
+	Filename   string // document
 	ToolCallID string // tool_call and tool_result
 	ToolName   string // tool_call: the (flattened) tool name
 	Arguments  string // tool_call: JSON-encoded arguments, or a custom tool's free-form input
@@ -344,6 +343,14 @@ func checkSchema(raw json.RawMessage, what string) (json.RawMessage, error) {
 	return b.Bytes(), nil
 }
 
+// textPart is a caller's text part, whose text is required.
+func textPart(text *string, path string) (part, error) {
+	if text == nil {
+		return part{}, refuse("invalid_request", "%s.text is required", path)
+	}
+	return part{Type: partText, Text: *text}, nil
+}
+
 // checkCallerURL accepts what every protocol carries for an image or a document: https or data URLs.
 func checkCallerURL(url, what string) error {
 	if strings.HasPrefix(url, "https://") || strings.HasPrefix(url, "data:") {
@@ -406,8 +413,8 @@ func (req *chatRequest) setOutput(o *outputFormat, what string) error {
 }
 
 // toolResult is a tool result of parts: its text, and its media, which chat drops.
-func toolResult(id string, parts []part, custom bool) part {
-	r := part{Type: partToolResult, ToolCallID: id, Custom: custom}
+func toolResult(id string, parts []part, custom, isError bool) part {
+	r := part{Type: partToolResult, ToolCallID: id, Custom: custom, IsError: isError}
 	var texts []string
 	for _, p := range parts {
 		if p.Type == partText {

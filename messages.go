@@ -172,10 +172,7 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 		}
 		switch bl.Type {
 		case "text":
-			if bl.Text == nil {
-				return p, "", refuse("invalid_request", "%s.text is required", path)
-			}
-			p = part{Type: partText, Text: *bl.Text}
+			p, err = textPart(bl.Text, path)
 		case "image", "document": // a source as the neutral URL: base64 data and text a data URL, a url source itself
 			var url string
 			switch src := valueOr(bl.Source, messagesSource{}); {
@@ -190,9 +187,9 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 			default:
 				return p, "", refuse("invalid_request", "%s.source must be base64 with a media_type, text, url or file", path)
 			}
-			p = part{Type: partImage, ImageURL: url}
+			p = part{Type: partImage, URL: url}
 			if bl.Type == "document" {
-				p = part{Type: partDocument, FileURL: url, Filename: bl.Title}
+				p = part{Type: partDocument, URL: url, Filename: bl.Title}
 			}
 		case "tool_use":
 			if bl.Input, err = checkSchema(bl.Input, path+".input"); err == nil && (bl.ID == "" || bl.Name == "") {
@@ -204,10 +201,9 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 			if !rawIsNull(bl.Content) {
 				inner, err = req.messagesParts("result", bl.Content, path+".content")
 			}
-			if p = toolResult(bl.ToolUseID, inner, false); bl.ToolUseID == "" {
+			if p = toolResult(bl.ToolUseID, inner, false, bl.IsError); bl.ToolUseID == "" {
 				err = refuse("invalid_request", "%s.tool_use_id is required", path)
 			}
-			p.IsError = bl.IsError
 		default: // thinking, …: dropped
 			return p, "", nil
 		}
@@ -248,9 +244,8 @@ func (req *chatRequest) messagesContent(ps []part) (json.RawMessage, error) {
 			}
 		default:
 			req.drop(p.Detail != "", "detail")
-			url := p.ImageURL + p.FileURL
-			b = messagesBlock{Type: p.Type, Title: p.Filename, Source: &messagesSource{Type: "url", URL: url}}
-			if rest, isData := strings.CutPrefix(url, "data:"); isData {
+			b = messagesBlock{Type: p.Type, Title: p.Filename, Source: &messagesSource{Type: "url", URL: p.URL}}
+			if rest, isData := strings.CutPrefix(p.URL, "data:"); isData {
 				media, data, ok := strings.Cut(rest, ";base64,")
 				if !ok || media == "" || strings.Contains(media, ",") || data == "" {
 					return nil, refuse("invalid_request", "an image or file data URL must be base64 with a media type")
