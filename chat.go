@@ -277,7 +277,7 @@ func encodeChat(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 		case m.Role == "user" && slices.ContainsFunc(parts, func(c chatPart) bool { return c.Text == nil }):
 			msg.Content = must(json.Marshal(parts)) // images or files: parts, else one string
 		case len(parts) > 0:
-			msg.Content = jsonText(textOf(m.Parts))
+			msg.Content = jsonText(textOf(m.Parts, ""))
 		}
 		msgs = append(msgs, msg)
 	}

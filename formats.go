@@ -324,11 +324,7 @@ func (req *chatRequest) callerTextOf(raw json.RawMessage, what, textType, sep st
 		}
 		return part{Type: partText, Text: *p.Text}, "type text", nil
 	})
-	texts := make([]string, len(parts))
-	for i, p := range parts {
-		texts[i] = p.Text
-	}
-	return strings.Join(texts, sep), err
+	return textOf(parts, sep), err
 }
 
 // checkSchema reads a JSON Schema member (or a tool_use input): null is nil, an object kept compacted, the rest refused.
@@ -414,16 +410,12 @@ func (req *chatRequest) setOutput(o *outputFormat, what string) error {
 
 // toolResult is a tool result of parts: its text, and its media, which chat drops.
 func toolResult(id string, parts []part, custom, isError bool) part {
-	r := part{Type: partToolResult, ToolCallID: id, Custom: custom, IsError: isError}
-	var texts []string
+	r := part{Type: partToolResult, ToolCallID: id, Text: textOf(parts, "\n"), Custom: custom, IsError: isError}
 	for _, p := range parts {
-		if p.Type == partText {
-			texts = append(texts, p.Text)
-		} else {
+		if p.Type != partText {
 			r.Media = append(r.Media, p)
 		}
 	}
-	r.Text = strings.Join(texts, "\n")
 	return r
 }
 

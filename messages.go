@@ -280,7 +280,7 @@ func encodeMessages(req *chatRequest, c call, h http.Header) ([]byte, error) {
 	for _, m := range req.Messages {
 		content, err := req.messagesContent(m.Parts)
 		if m.Role == "system" {
-			content = jsonText(textOf(m.Parts))
+			content = jsonText(textOf(m.Parts, ""))
 		} else if m.Role == "assistant" {
 			inLoop = slices.ContainsFunc(m.Parts, func(p part) bool { return p.Type == partToolCall })
 		}
@@ -341,11 +341,10 @@ var notToolID = regexp.MustCompile(`[^a-zA-Z0-9_-]`)
 
 // toolArguments is a call's arguments as the JSON object anthropic embeds: empty is {}, anything but an object is refused, never approximated.
 func toolArguments(args string) (json.RawMessage, error) {
-	var buf bytes.Buffer
-	if err := json.Compact(&buf, []byte(argumentsText(args))); err != nil || buf.Bytes()[0] != '{' {
-		return nil, refuse("invalid_request", "a tool call's arguments are not a JSON object")
+	if in, _ := checkSchema(json.RawMessage(argumentsText(args)), ""); in != nil {
+		return in, nil
 	}
-	return buf.Bytes(), nil
+	return nil, refuse("invalid_request", "a tool call's arguments are not a JSON object")
 }
 
 // adaptiveModels: a Claude 4.6 or later model (claude-opus-4-7, claude-opus-5, claude-haiku-5-1) takes thinking as adaptive with
