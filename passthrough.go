@@ -28,8 +28,6 @@ type rawObject struct {
 	members []jsonMember
 }
 
-var emptyObject = []byte("{}") // never written
-
 // parseRawObject splits a caller's body (too deep a body was refused before any handler: state.go's depth scan).
 func parseRawObject(src []byte) (rawObject, error) {
 	if !json.Valid(src) {
@@ -43,11 +41,11 @@ func parseRawObject(src []byte) (rawObject, error) {
 }
 
 // splitRaw splits the valid JSON object or array (open '{' or '[') at src's start into members in scratch's storage:
-// a stream's watch allocates nothing. Anything else is an empty object, which edit fills.
+// a stream's watch allocates nothing.
 func splitRaw(src []byte, open byte, scratch []jsonMember) (rawObject, bool) {
 	i := skipJSONSpace(src, 0)
 	if i >= len(src) || src[i] != open {
-		return rawObject{src: emptyObject}, false
+		return rawObject{}, false
 	}
 	o := rawObject{src: src, members: scratch[:0]}
 	for i++; ; {
@@ -227,8 +225,11 @@ func buildChatRequest(ctx context.Context, c call, cr *callerRequest) (*http.Req
 		edits = append(edits, memberEdit{name, strconv.AppendInt(nil, int64(cr.head.MaxTokens), 10)})
 	}
 	if cr.addsUsage(p) {
-		so, _ := splitRaw(cr.body.value("stream_options"), '{', nil)
-		edits = append(edits, memberEdit{"stream_options", so.edit(memberEdit{"include_usage", []byte("true")})})
+		opts := []byte(`{"include_usage":true}`)
+		if so, ok := splitRaw(cr.body.value("stream_options"), '{', nil); ok {
+			opts = so.edit(memberEdit{"include_usage", []byte("true")})
+		}
+		edits = append(edits, memberEdit{"stream_options", opts})
 	}
 	if p.codex { // SPEC §6.2: always streamed, never stored, never an output limit
 		ins := codexInstructions(cr.body.value("instructions"), cr.body.value("input"))
