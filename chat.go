@@ -178,7 +178,7 @@ func (req *chatRequest) addOpenAITool(t tool, raw json.RawMessage, what string) 
 		return refuse("invalid_request", "%s needs a name", what)
 	case t.Type == toolFunction || t.Type == toolCustom:
 		req.dropUnknown(raw, chatNested[t.Type]) // a custom tool carries no parameters, a function no format
-		params, err := checkSchema(t.Parameters, what+".parameters")
+		params, err := jsonObject(t.Parameters, what+".parameters")
 		if t.Tools, t.Parameters = nil, params; t.Type == toolCustom {
 			t.Parameters, t.Strict = nil, nil
 		} else {

@@ -327,8 +327,8 @@ func (req *chatRequest) callerTextOf(raw json.RawMessage, what, textType, sep st
 	return textOf(parts, sep), err
 }
 
-// checkSchema reads a JSON Schema member (or a tool_use input): null is nil, an object kept compacted, the rest refused.
-func checkSchema(raw json.RawMessage, what string) (json.RawMessage, error) {
+// jsonObject reads a JSON Schema, a tool_use input or a call's arguments: null is nil, an object compacted, the rest refused.
+func jsonObject(raw json.RawMessage, what string) (json.RawMessage, error) {
 	var b bytes.Buffer
 	switch {
 	case rawIsNull(raw):

@@ -129,7 +129,7 @@ func parseMessages(cr *callerRequest) (chatRequest, error) {
 			return nil
 		}
 		req.dropUnknown(raw, "type name description input_schema strict")
-		schema, err := checkSchema(t.InputSchema, what+".input_schema")
+		schema, err := jsonObject(t.InputSchema, what+".input_schema")
 		t.Type, t.Parameters = toolFunction, schema
 		return cmp.Or(err, req.addOpenAITool(t.tool, nil, what))
 	}))
@@ -192,7 +192,7 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 				p = part{Type: partDocument, URL: url, Filename: bl.Title}
 			}
 		case "tool_use":
-			if bl.Input, err = checkSchema(bl.Input, path+".input"); err == nil && (bl.ID == "" || bl.Name == "") {
+			if bl.Input, err = jsonObject(bl.Input, path+".input"); err == nil && (bl.ID == "" || bl.Name == "") {
 				err = refuse("invalid_request", "%s needs an id and a name", path)
 			}
 			p = part{Type: partToolCall, ToolCallID: bl.ID, ToolName: bl.Name, Arguments: cmp.Or(string(bl.Input), "{}")}
@@ -236,7 +236,9 @@ func (req *chatRequest) messagesContent(ps []part) (json.RawMessage, error) {
 				p.Arguments = string(must(json.Marshal(map[string]string{"input": p.Arguments})))
 			}
 			b = messagesBlock{Type: "tool_use", ID: messagesToolID(p.ToolCallID), Name: p.ToolName}
-			b.Input, err = toolArguments(p.Arguments)
+			if b.Input, _ = jsonObject([]byte(argumentsText(p.Arguments)), ""); b.Input == nil { // null too, never approximated
+				err = refuse("invalid_request", "a tool call's arguments are not a JSON object")
+			}
 		case partToolResult:
 			b = messagesBlock{Type: "tool_result", ToolUseID: messagesToolID(p.ToolCallID), Content: jsonText(p.Text), IsError: p.IsError}
 			if len(p.Media) > 0 { // images and documents: blocks
@@ -339,14 +341,6 @@ func messagesToolID(id string) string { return notToolID.ReplaceAllString(id, "_
 
 var notToolID = regexp.MustCompile(`[^a-zA-Z0-9_-]`)
 
-// toolArguments is a call's arguments as the JSON object anthropic embeds: empty is {}, anything but an object is refused, never approximated.
-func toolArguments(args string) (json.RawMessage, error) {
-	if in, _ := checkSchema(json.RawMessage(argumentsText(args)), ""); in != nil {
-		return in, nil
-	}
-	return nil, refuse("invalid_request", "a tool call's arguments are not a JSON object")
-}
-
 // adaptiveModels: a Claude 4.6 or later model (claude-opus-4-7, claude-opus-5, claude-haiku-5-1) takes thinking as adaptive with
 // output_config.effort and refuses a budget (Claude Code 2.1.332 decides so too); an earlier, dated (claude-opus-4-20250514) or unknown model takes a budget.
 var adaptiveModels = regexp.MustCompile(`^claude-(?:opus|sonnet|haiku)-(?:0?[5-9]|[1-9]\d|0?4-(?:0?[6-9]|[1-9]\d))(?:-|$)`)
@@ -402,8 +396,8 @@ func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string)
 	case step == stepClose && b.text: // the kept block gets its whole text, a call its whole input
 		m.Content[b.pos].Text = &d
 	case step == stepClose:
-		in, err := toolArguments(d)
-		if err != nil { // {} would run the tool on nothing (SPEC §17)
+		in, _ := jsonObject([]byte(argumentsText(d)), "")
+		if in == nil { // null too: {} would run the tool on nothing (SPEC §17)
 			return refuse("provider_incomplete", "the provider's answer holds a tool call whose arguments are not a JSON object, which a tool_use input must be")
 		}
 		m.Content[b.pos].Input = in
