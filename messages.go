@@ -174,22 +174,20 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 		case "text":
 			p, err = textPart(bl.Text, path)
 		case "image", "document": // a source as the neutral URL: base64 data and text a data URL, a url source itself
-			var url string
+			if p.Type = bl.Type; bl.Type == "document" { // partImage and partDocument are the block types
+				p.Filename = bl.Title
+			}
 			switch src := valueOr(bl.Source, messagesSource{}); {
 			case src.Type == "base64" && src.MediaType != "" && src.Data != "":
-				url = "data:" + src.MediaType + ";base64," + src.Data
+				p.URL = "data:" + src.MediaType + ";base64," + src.Data
 			case src.Type == "text":
-				url = "data:text/plain;base64," + base64.StdEncoding.EncodeToString([]byte(src.Data))
+				p.URL = "data:text/plain;base64," + base64.StdEncoding.EncodeToString([]byte(src.Data))
 			case src.Type == "url":
-				url, err = src.URL, checkCallerURL(src.URL, path+".source.url")
+				p.URL, err = src.URL, checkCallerURL(src.URL, path+".source.url")
 			case src.Type == "file": // a file reference (no counterpart): dropped
-				return p, "", nil
+				return part{}, "", nil
 			default:
-				return p, "", refuse("invalid_request", "%s.source must be base64 with a media_type, text, url or file", path)
-			}
-			p = part{Type: partImage, URL: url}
-			if bl.Type == "document" {
-				p = part{Type: partDocument, URL: url, Filename: bl.Title}
+				return part{}, "", refuse("invalid_request", "%s.source must be base64 with a media_type, text, url or file", path)
 			}
 		case "tool_use":
 			if bl.Input, err = jsonObject(bl.Input, path+".input"); err == nil && (bl.ID == "" || bl.Name == "") {
