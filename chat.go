@@ -142,14 +142,12 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 	parts, err := callerParts(req, m.Content, what+".content", "content parts",
 		func(cp chatPart, raw json.RawMessage, path string) (p part, _ string, err error) {
 			switch img, doc := valueOr(cp.ImageURL, chatURL{}), valueOr(cp.File, chatURL{}); {
-			case cp.Type == "text" && cp.Text == nil:
-				return p, "", refuse("invalid_request", "%s.text is required", path)
 			case cp.Type == "text":
-				p = part{Type: partText, Text: *cp.Text}
+				p, err = textPart(cp.Text, path)
 			case cp.Type == "image_url":
-				p, err = part{Type: partImage, ImageURL: img.URL, Detail: img.Detail}, checkCallerURL(img.URL, path+".image_url.url")
+				p, err = part{Type: partImage, URL: img.URL, Detail: img.Detail}, checkCallerURL(img.URL, path+".image_url.url")
 			case cp.Type == "file" && doc.FileData != "":
-				p, err = part{Type: partDocument, FileURL: doc.FileData, Filename: doc.Filename}, checkCallerURL(doc.FileData, path+".file.file_data")
+				p, err = part{Type: partDocument, URL: doc.FileData, Filename: doc.Filename}, checkCallerURL(doc.FileData, path+".file.file_data")
 			default: // a part Brama does not carry
 				return p, "", nil
 			}
@@ -180,7 +178,7 @@ func (req *chatRequest) addOpenAITool(t tool, raw json.RawMessage, what string) 
 		return refuse("invalid_request", "%s needs a name", what)
 	case t.Type == toolFunction || t.Type == toolCustom:
 		req.dropUnknown(raw, chatNested[t.Type]) // a custom tool carries no parameters, a function no format
-		params, err := checkSchema(t.Parameters, what+".parameters")
+		params, err := jsonObject(t.Parameters, what+".parameters")
 		if t.Tools, t.Parameters = nil, params; t.Type == toolCustom {
 			t.Parameters, t.Strict = nil, nil
 		} else {
@@ -202,25 +200,22 @@ func (req *chatRequest) addOpenAITool(t tool, raw json.RawMessage, what string) 
 }
 
 // setOpenAIToolChoice reads tool_choice: a mode or one tool (nested in chat, flat in responses); other objects (allowed_tools, a hosted tool) are dropped.
-func (req *chatRequest) setOpenAIToolChoice(raw json.RawMessage, nested bool) error {
+func (req *chatRequest) setOpenAIToolChoice(raw json.RawMessage, nested bool) (err error) {
 	var tc struct {
 		Type, Name, Namespace string
 		Function, Custom      struct{ Name string }
 	}
-	switch {
-	case rawIsNull(raw):
-		return nil
-	case json.Unmarshal(raw, &tc.Type) == nil && !slices.Contains([]string{toolChoiceAuto, toolChoiceNone, toolChoiceRequired}, tc.Type):
-		return refuse("invalid_request", "tool_choice must be \"auto\", \"none\", \"required\" or a tool")
-	case tc.Type != "": // a mode
-		req.ToolChoice = &toolChoice{Mode: tc.Type}
-		return nil
-	}
-	if err := decodeCallerJSON(raw, &tc, "tool_choice"); err != nil { // an object, or a type error naming tool_choice
-		return err
+	mode, isMode := jsonString(raw)
+	if !isMode && !rawIsNull(raw) { // an object, or a type error naming tool_choice
+		err = decodeCallerJSON(raw, &tc, "tool_choice")
 	}
 	tc.Name = map[bool]string{false: tc.Name, true: tc.Function.Name + tc.Custom.Name}[nested]
 	switch {
+	case rawIsNull(raw) || err != nil:
+	case isMode && !slices.Contains([]string{toolChoiceAuto, toolChoiceNone, toolChoiceRequired}, mode):
+		return refuse("invalid_request", "tool_choice must be \"auto\", \"none\", \"required\" or a tool")
+	case isMode:
+		req.ToolChoice = &toolChoice{Mode: mode}
 	case tc.Type != toolFunction && tc.Type != toolCustom:
 		req.drop(true, "tool_choice")
 	case tc.Name == "":
@@ -228,7 +223,7 @@ func (req *chatRequest) setOpenAIToolChoice(raw json.RawMessage, nested bool) er
 	default: // a namespace member by its flat name
 		req.ToolChoice = &toolChoice{Mode: toolChoiceTool, Name: strings.TrimPrefix(tc.Namespace+"__"+tc.Name, "__")}
 	}
-	return nil
+	return err
 }
 
 // openAIToolChoice is req's tool_choice as the OpenAI formats write it; a named tool's name nested under its type in chat.
@@ -264,9 +259,9 @@ func encodeChat(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 			case partText:
 				parts = append(parts, chatPart{Type: "text", Text: &p.Text})
 			case partImage:
-				parts = append(parts, chatPart{Type: "image_url", ImageURL: &chatURL{URL: p.ImageURL, Detail: p.Detail}})
+				parts = append(parts, chatPart{Type: "image_url", ImageURL: &chatURL{URL: p.URL, Detail: p.Detail}})
 			case partDocument:
-				parts = append(parts, chatPart{Type: "file", File: &chatURL{FileData: p.FileURL, Filename: p.Filename}})
+				parts = append(parts, chatPart{Type: "file", File: &chatURL{FileData: p.URL, Filename: p.Filename}})
 			case partToolCall:
 				msg.ToolCalls = append(msg.ToolCalls, chatCall(nil, p.ToolCallID, p.ToolName, p.Arguments, p.Custom))
 			case partToolResult:
@@ -282,7 +277,7 @@ func encodeChat(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 		case m.Role == "user" && slices.ContainsFunc(parts, func(c chatPart) bool { return c.Text == nil }):
 			msg.Content = must(json.Marshal(parts)) // images or files: parts, else one string
 		case len(parts) > 0:
-			msg.Content = jsonText(textOf(m.Parts))
+			msg.Content = jsonText(textOf(m.Parts, ""))
 		}
 		msgs = append(msgs, msg)
 	}

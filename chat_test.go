@@ -42,8 +42,8 @@ func TestParseChatCompletions(t *testing.T) {
 				{"type":"image_url","image_url":{"url":"data:image/png;base64,iVBORw0KGgo="}}]}]}`,
 			want: chatRequest{Model: "m", Messages: []message{{Role: "user", Parts: []part{
 				{Type: partText, Text: "what is this"},
-				{Type: partImage, ImageURL: "https://example.com/a.png", Detail: "high"},
-				{Type: partImage, ImageURL: "data:image/png;base64,iVBORw0KGgo="},
+				{Type: partImage, URL: "https://example.com/a.png", Detail: "high"},
+				{Type: partImage, URL: "data:image/png;base64,iVBORw0KGgo="},
 			}}}},
 		},
 		{
@@ -97,14 +97,14 @@ func TestParseChatCompletions(t *testing.T) {
 			body: `{"model":"m","messages":[{"role":"user","content":"q"},{"role":"assistant","content":[{"type":"image_url","image_url":{"url":"https://x/a.png"}},{"type":"text","text":""}],
 				"tool_calls":[{"id":"c","function":{"name":"f","arguments":"{}"}}]}]}`,
 			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q"), {Role: "assistant", Parts: []part{
-				{Type: partImage, ImageURL: "https://x/a.png"}, {Type: partToolCall, ToolCallID: "c", ToolName: "f", Arguments: "{}"}}}}},
+				{Type: partImage, URL: "https://x/a.png"}, {Type: partToolCall, ToolCallID: "c", ToolName: "f", Arguments: "{}"}}}}},
 		},
 		{
 			name: "a lone image beside tool calls is kept",
 			body: `{"model":"m","messages":[{"role":"user","content":"q"},{"role":"assistant","content":[{"type":"image_url","image_url":{"url":"https://x/a.png"}}],
 				"tool_calls":[{"id":"c","function":{"name":"f","arguments":"{}"}}]}]}`,
 			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q"), {Role: "assistant", Parts: []part{
-				{Type: partImage, ImageURL: "https://x/a.png"}, {Type: partToolCall, ToolCallID: "c", ToolName: "f", Arguments: "{}"}}}}},
+				{Type: partImage, URL: "https://x/a.png"}, {Type: partToolCall, ToolCallID: "c", ToolName: "f", Arguments: "{}"}}}}},
 		},
 		{
 			name: "a tool of another type is named by its type",

@@ -92,10 +92,9 @@ const (
 type part struct {
 	Type       string
 	Text       string // text; tool_result: its text content
-	ImageURL   string // image: an https URL or a data URL
+	URL        string // image and document: an https URL or a data URL
 	Detail     string // image: the OpenAI formats' detail
-	FileURL    string // document: an https URL or a data URL
-	Filename   string
+	Filename   string // document
 	ToolCallID string // tool_call and tool_result
 	ToolName   string // tool_call: the (flattened) tool name
 	Arguments  string // tool_call: JSON-encoded arguments, or a custom tool's free-form input
@@ -325,15 +324,11 @@ func (req *chatRequest) callerTextOf(raw json.RawMessage, what, textType, sep st
 		}
 		return part{Type: partText, Text: *p.Text}, "type text", nil
 	})
-	texts := make([]string, len(parts))
-	for i, p := range parts {
-		texts[i] = p.Text
-	}
-	return strings.Join(texts, sep), err
+	return textOf(parts, sep), err
 }
 
-// checkSchema reads a JSON Schema member (or a tool_use input): null is nil, an object kept compacted, the rest refused.
-func checkSchema(raw json.RawMessage, what string) (json.RawMessage, error) {
+// jsonObject reads a JSON Schema, a tool_use input or a call's arguments: null is nil, an object compacted, the rest refused.
+func jsonObject(raw json.RawMessage, what string) (json.RawMessage, error) {
 	var b bytes.Buffer
 	switch {
 	case rawIsNull(raw):
@@ -342,6 +337,14 @@ func checkSchema(raw json.RawMessage, what string) (json.RawMessage, error) {
 		return nil, refuse("invalid_request", "%s must be a JSON object", what)
 	}
 	return b.Bytes(), nil
+}
+
+// textPart is a caller's text part, whose text is required.
+func textPart(text *string, path string) (part, error) {
+	if text == nil {
+		return part{}, refuse("invalid_request", "%s.text is required", path)
+	}
+	return part{Type: partText, Text: *text}, nil
 }
 
 // checkCallerURL accepts what every protocol carries for an image or a document: https or data URLs.
@@ -406,17 +409,13 @@ func (req *chatRequest) setOutput(o *outputFormat, what string) error {
 }
 
 // toolResult is a tool result of parts: its text, and its media, which chat drops.
-func toolResult(id string, parts []part, custom bool) part {
-	r := part{Type: partToolResult, ToolCallID: id, Custom: custom}
-	var texts []string
+func toolResult(id string, parts []part, custom, isError bool) part {
+	r := part{Type: partToolResult, ToolCallID: id, Text: textOf(parts, "\n"), Custom: custom, IsError: isError}
 	for _, p := range parts {
-		if p.Type == partText {
-			texts = append(texts, p.Text)
-		} else {
+		if p.Type != partText {
 			r.Media = append(r.Media, p)
 		}
 	}
-	r.Text = strings.Join(texts, "\n")
 	return r
 }
 

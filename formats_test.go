@@ -489,7 +489,7 @@ func roundTripNeutral(req chatRequest) chatRequest {
 		switch {
 		case len(parts) == 0:
 		case m.Role == "system" && len(msgs) == 0: // a system turn with no turn before it leads
-			req.System = joinText(req.System, textOf(parts))
+			req.System = joinText(req.System, textOf(parts, ""))
 		default:
 			msgs = append(msgs, message{m.Role, parts})
 		}

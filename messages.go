@@ -129,7 +129,7 @@ func parseMessages(cr *callerRequest) (chatRequest, error) {
 			return nil
 		}
 		req.dropUnknown(raw, "type name description input_schema strict")
-		schema, err := checkSchema(t.InputSchema, what+".input_schema")
+		schema, err := jsonObject(t.InputSchema, what+".input_schema")
 		t.Type, t.Parameters = toolFunction, schema
 		return cmp.Or(err, req.addOpenAITool(t.tool, nil, what))
 	}))
@@ -172,30 +172,25 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 		}
 		switch bl.Type {
 		case "text":
-			if bl.Text == nil {
-				return p, "", refuse("invalid_request", "%s.text is required", path)
-			}
-			p = part{Type: partText, Text: *bl.Text}
+			p, err = textPart(bl.Text, path)
 		case "image", "document": // a source as the neutral URL: base64 data and text a data URL, a url source itself
-			var url string
+			if p.Type = bl.Type; bl.Type == "document" { // partImage and partDocument are the block types
+				p.Filename = bl.Title
+			}
 			switch src := valueOr(bl.Source, messagesSource{}); {
 			case src.Type == "base64" && src.MediaType != "" && src.Data != "":
-				url = "data:" + src.MediaType + ";base64," + src.Data
+				p.URL = "data:" + src.MediaType + ";base64," + src.Data
 			case src.Type == "text":
-				url = "data:text/plain;base64," + base64.StdEncoding.EncodeToString([]byte(src.Data))
+				p.URL = "data:text/plain;base64," + base64.StdEncoding.EncodeToString([]byte(src.Data))
 			case src.Type == "url":
-				url, err = src.URL, checkCallerURL(src.URL, path+".source.url")
+				p.URL, err = src.URL, checkCallerURL(src.URL, path+".source.url")
 			case src.Type == "file": // a file reference (no counterpart): dropped
-				return p, "", nil
+				return part{}, "", nil
 			default:
-				return p, "", refuse("invalid_request", "%s.source must be base64 with a media_type, text, url or file", path)
-			}
-			p = part{Type: partImage, ImageURL: url}
-			if bl.Type == "document" {
-				p = part{Type: partDocument, FileURL: url, Filename: bl.Title}
+				return part{}, "", refuse("invalid_request", "%s.source must be base64 with a media_type, text, url or file", path)
 			}
 		case "tool_use":
-			if bl.Input, err = checkSchema(bl.Input, path+".input"); err == nil && (bl.ID == "" || bl.Name == "") {
+			if bl.Input, err = jsonObject(bl.Input, path+".input"); err == nil && (bl.ID == "" || bl.Name == "") {
 				err = refuse("invalid_request", "%s needs an id and a name", path)
 			}
 			p = part{Type: partToolCall, ToolCallID: bl.ID, ToolName: bl.Name, Arguments: cmp.Or(string(bl.Input), "{}")}
@@ -204,10 +199,9 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 			if !rawIsNull(bl.Content) {
 				inner, err = req.messagesParts("result", bl.Content, path+".content")
 			}
-			if p = toolResult(bl.ToolUseID, inner, false); bl.ToolUseID == "" {
+			if p = toolResult(bl.ToolUseID, inner, false, bl.IsError); bl.ToolUseID == "" {
 				err = refuse("invalid_request", "%s.tool_use_id is required", path)
 			}
-			p.IsError = bl.IsError
 		default: // thinking, …: dropped
 			return p, "", nil
 		}
@@ -240,7 +234,9 @@ func (req *chatRequest) messagesContent(ps []part) (json.RawMessage, error) {
 				p.Arguments = string(must(json.Marshal(map[string]string{"input": p.Arguments})))
 			}
 			b = messagesBlock{Type: "tool_use", ID: messagesToolID(p.ToolCallID), Name: p.ToolName}
-			b.Input, err = toolArguments(p.Arguments)
+			if b.Input, _ = jsonObject([]byte(argumentsText(p.Arguments)), ""); b.Input == nil { // null too, never approximated
+				err = refuse("invalid_request", "a tool call's arguments are not a JSON object")
+			}
 		case partToolResult:
 			b = messagesBlock{Type: "tool_result", ToolUseID: messagesToolID(p.ToolCallID), Content: jsonText(p.Text), IsError: p.IsError}
 			if len(p.Media) > 0 { // images and documents: blocks
@@ -248,9 +244,8 @@ func (req *chatRequest) messagesContent(ps []part) (json.RawMessage, error) {
 			}
 		default:
 			req.drop(p.Detail != "", "detail")
-			url := p.ImageURL + p.FileURL
-			b = messagesBlock{Type: p.Type, Title: p.Filename, Source: &messagesSource{Type: "url", URL: url}}
-			if rest, isData := strings.CutPrefix(url, "data:"); isData {
+			b = messagesBlock{Type: p.Type, Title: p.Filename, Source: &messagesSource{Type: "url", URL: p.URL}}
+			if rest, isData := strings.CutPrefix(p.URL, "data:"); isData {
 				media, data, ok := strings.Cut(rest, ";base64,")
 				if !ok || media == "" || strings.Contains(media, ",") || data == "" {
 					return nil, refuse("invalid_request", "an image or file data URL must be base64 with a media type")
@@ -285,7 +280,7 @@ func encodeMessages(req *chatRequest, c call, h http.Header) ([]byte, error) {
 	for _, m := range req.Messages {
 		content, err := req.messagesContent(m.Parts)
 		if m.Role == "system" {
-			content = jsonText(textOf(m.Parts))
+			content = jsonText(textOf(m.Parts, ""))
 		} else if m.Role == "assistant" {
 			inLoop = slices.ContainsFunc(m.Parts, func(p part) bool { return p.Type == partToolCall })
 		}
@@ -344,15 +339,6 @@ func messagesToolID(id string) string { return notToolID.ReplaceAllString(id, "_
 
 var notToolID = regexp.MustCompile(`[^a-zA-Z0-9_-]`)
 
-// toolArguments is a call's arguments as the JSON object anthropic embeds: empty is {}, anything but an object is refused, never approximated.
-func toolArguments(args string) (json.RawMessage, error) {
-	var buf bytes.Buffer
-	if err := json.Compact(&buf, []byte(argumentsText(args))); err != nil || buf.Bytes()[0] != '{' {
-		return nil, refuse("invalid_request", "a tool call's arguments are not a JSON object")
-	}
-	return buf.Bytes(), nil
-}
-
 // adaptiveModels: a Claude 4.6 or later model (claude-opus-4-7, claude-opus-5, claude-haiku-5-1) takes thinking as adaptive with
 // output_config.effort and refuses a budget (Claude Code 2.1.332 decides so too); an earlier, dated (claude-opus-4-20250514) or unknown model takes a budget.
 var adaptiveModels = regexp.MustCompile(`^claude-(?:opus|sonnet|haiku)-(?:0?[5-9]|[1-9]\d|0?4-(?:0?[6-9]|[1-9]\d))(?:-|$)`)
@@ -408,8 +394,8 @@ func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string)
 	case step == stepClose && b.text: // the kept block gets its whole text, a call its whole input
 		m.Content[b.pos].Text = &d
 	case step == stepClose:
-		in, err := toolArguments(d)
-		if err != nil { // {} would run the tool on nothing (SPEC §17)
+		in, _ := jsonObject([]byte(argumentsText(d)), "")
+		if in == nil { // null too: {} would run the tool on nothing (SPEC §17)
 			return refuse("provider_incomplete", "the provider's answer holds a tool call whose arguments are not a JSON object, which a tool_use input must be")
 		}
 		m.Content[b.pos].Input = in

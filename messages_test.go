@@ -36,8 +36,8 @@ func TestParseMessages(t *testing.T) {
 				{"type":"image","source":{"type":"url","url":"https://example.com/b.png"}},
 				{"type":"text","text":"compare"}]}]}`,
 			want: chatRequest{Model: "m", Messages: []message{{Role: "user", Parts: []part{
-				{Type: partImage, ImageURL: "data:image/jpeg;base64,/9j/4AAQ"},
-				{Type: partImage, ImageURL: "https://example.com/b.png"},
+				{Type: partImage, URL: "data:image/jpeg;base64,/9j/4AAQ"},
+				{Type: partImage, URL: "https://example.com/b.png"},
 				{Type: partText, Text: "compare"},
 			}}}},
 		},

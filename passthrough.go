@@ -302,14 +302,15 @@ func estimateInputTokens(o rawObject) int {
 	return (n + 3) / 4
 }
 
-func textOf(ps []part) string {
-	var b strings.Builder
+// textOf is the text of ps' text parts, joined with sep.
+func textOf(ps []part, sep string) string {
+	var texts []string
 	for _, p := range ps {
 		if p.Type == partText {
-			b.WriteString(p.Text)
+			texts = append(texts, p.Text)
 		}
 	}
-	return b.String()
+	return strings.Join(texts, sep)
 }
 
 // rawIsNull reports an absent or null value (raw is valid JSON: only null starts with n).

@@ -147,7 +147,7 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 		return refuse("invalid_request", "%s.call_id is required", what)
 	case output:
 		parts, err := req.responsesParts(it.Output, what+".output")
-		req.Messages = appendPart(req.Messages, "user", toolResult(it.CallID, parts, it.Type == "custom_tool_call_output"))
+		req.Messages = appendPart(req.Messages, "user", toolResult(it.CallID, parts, it.Type == "custom_tool_call_output", false))
 		return err
 	case it.Type == "additional_tools": // tools declared in the input, as the Codex CLI sends them
 		return readList(it.Tools, what+".tools", req.addOpenAITool)
@@ -162,14 +162,12 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part, error) {
 	return callerParts(req, raw, what, "content parts", func(rp responsesPart, raw json.RawMessage, at string) (p part, _ string, err error) {
 		switch {
-		case (rp.Type == "input_text" || rp.Type == "output_text") && rp.Text == nil:
-			return p, "", refuse("invalid_request", "%s.text is required", at)
 		case rp.Type == "input_text" || rp.Type == "output_text":
-			p = part{Type: partText, Text: *rp.Text}
+			p, err = textPart(rp.Text, at)
 		case rp.Type == "input_image" && rp.ImageURL != nil:
-			p, err = part{Type: partImage, ImageURL: *rp.ImageURL, Detail: rp.Detail}, checkCallerURL(*rp.ImageURL, at+".image_url")
+			p, err = part{Type: partImage, URL: *rp.ImageURL, Detail: rp.Detail}, checkCallerURL(*rp.ImageURL, at+".image_url")
 		case rp.Type == "input_file" && rp.FileData+rp.FileURL != "":
-			p, err = part{Type: partDocument, FileURL: rp.FileData + rp.FileURL, Filename: rp.Filename}, checkCallerURL(rp.FileData+rp.FileURL, at)
+			p, err = part{Type: partDocument, URL: rp.FileData + rp.FileURL, Filename: rp.Filename}, checkCallerURL(rp.FileData+rp.FileURL, at)
 		default:
 			return p, "", nil
 		}
@@ -261,11 +259,11 @@ func responsesContent(ps []part, assistant bool) []responsesPart {
 		case p.Type == partText && p.Text != "":
 			out = append(out, responsesPart{Type: map[bool]string{false: "input_text", true: "output_text"}[assistant], Text: ptrTo(p.Text)})
 		case p.Type == partImage:
-			out = append(out, responsesPart{Type: "input_image", ImageURL: ptrTo(p.ImageURL), Detail: p.Detail})
-		case p.Type == partDocument && strings.HasPrefix(p.FileURL, "data:"):
-			out = append(out, responsesPart{Type: "input_file", FileData: p.FileURL, Filename: p.Filename})
+			out = append(out, responsesPart{Type: "input_image", ImageURL: ptrTo(p.URL), Detail: p.Detail})
+		case p.Type == partDocument && strings.HasPrefix(p.URL, "data:"):
+			out = append(out, responsesPart{Type: "input_file", FileData: p.URL, Filename: p.Filename})
 		case p.Type == partDocument:
-			out = append(out, responsesPart{Type: "input_file", FileURL: p.FileURL, Filename: p.Filename})
+			out = append(out, responsesPart{Type: "input_file", FileURL: p.URL, Filename: p.Filename})
 		}
 	}
 	return out

@@ -30,8 +30,8 @@ func TestParseResponses(t *testing.T) {
 				{"role":"developer","content":[{"type":"input_text","text":"c"}]}]}`,
 			want: chatRequest{Model: "m", System: "a\n\nb", Messages: []message{{Role: "user", Parts: []part{
 				{Type: partText, Text: "look"},
-				{Type: partImage, ImageURL: "https://example.com/c.png", Detail: "auto"},
-				{Type: partImage, ImageURL: "data:image/webp;base64,UklGR"},
+				{Type: partImage, URL: "https://example.com/c.png", Detail: "auto"},
+				{Type: partImage, URL: "data:image/webp;base64,UklGR"},
 			}}, {Role: "system", Parts: []part{{Type: partText, Text: "c"}}}}},
 		},
 		{

@@ -21,8 +21,8 @@ func everyPart(stream bool) chatRequest {
 		Messages: []message{
 			{Role: "user", Parts: []part{
 				{Type: partText, Text: "What is in this picture, and the weather?"},
-				{Type: partImage, ImageURL: "data:image/png;base64,iVBORw0KGgo="},
-				{Type: partImage, ImageURL: "https://example.com/cat.jpg"},
+				{Type: partImage, URL: "data:image/png;base64,iVBORw0KGgo="},
+				{Type: partImage, URL: "https://example.com/cat.jpg"},
 			}},
 			{Role: "assistant", Parts: []part{
 				{Type: partText, Text: "Let me check."},
@@ -265,8 +265,8 @@ func TestBuildUpstreamRequestRefuses(t *testing.T) {
 		name string
 		p    part
 	}{
-		{"data URL without base64", part{Type: partImage, ImageURL: "data:image/png,abc"}},
-		{"data URL without media type", part{Type: partImage, ImageURL: "data:;base64,abc"}},
+		{"data URL without base64", part{Type: partImage, URL: "data:image/png,abc"}},
+		{"data URL without media type", part{Type: partImage, URL: "data:;base64,abc"}},
 		{"arguments not an object", part{Type: partToolCall, ToolCallID: "c", ToolName: "f", Arguments: "[1]"}},
 		{"arguments not JSON", part{Type: partToolCall, ToolCallID: "c", ToolName: "f", Arguments: "{"}},
 	}
