@@ -425,15 +425,13 @@ func decodeResponses(body []byte, r *streamReader) error {
 	if err != nil || !r.finished && resp.Status != "completed" && resp.Status != "incomplete" {
 		return malformedAnswer(protoOpenAIResponses, err)
 	}
-	for i, item := range resp.Output {
-		if _, seen := r.calls[i]; !seen && item != nil {
-			if err := r.item(&upstreamCall{tool: -1}, item, true); err != nil {
-				return err
-			}
+	for i, item := range resp.Output { // the first refusal stops it
+		if _, seen := r.calls[i]; !seen && item != nil && err == nil {
+			err = r.item(&upstreamCall{tool: -1}, item, true)
 		}
 	}
 	r.finish = cmp.Or(responsesFinishes[resp.IncompleteDetails.Reason], map[bool]string{false: finishStop, true: finishToolCalls}[r.ncalls > 0])
-	return nil
+	return err
 }
 
 // item takes an output item as added or done: a call starts its tool call; a done item whose deltas never came
