@@ -223,7 +223,7 @@ func TestStrictDecoderMatchesMemberNamesExactly(t *testing.T) {
 		{"ledger window", `{"schema_version":1,"subscriptions":{"sub_0123456789abcdef":{"provider":"codex","windows":[{"ID":"codex:primary"}],"credential":{"state":"active"}}}}`, `"ID"`,
 			func(b []byte) error { _, err := parseLedger(b); return err }},
 		{"overlay", `{"schema_version":1,"Items":[]}`, `"Items"`,
-			func(b []byte) error { _, err := parseOverlay(b); return err }},
+			func(b []byte) error { _, err := overlayParse(b); return err }},
 		{"clients file", `{"clients":[{"id":"app","Role":"admin","role":"caller","token_sha256":"` + strings.Repeat("a", 64) + `"}]}`, `"Role"`,
 			func(b []byte) error { _, err := parseClients(b); return err }},
 	} {

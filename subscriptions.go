@@ -39,20 +39,9 @@ type overlayDoc struct {
 	Items         []overlayItem `json:"items"`
 }
 
-// parseOverlay strictly parses the overlay; an empty file is an empty overlay.
-func parseOverlay(b []byte) (*overlayDoc, error) {
-	doc := &overlayDoc{SchemaVersion: 1, Items: []overlayItem{}}
-	if err := decodeStrict(overlayFile, b, doc); len(b) > 0 && err != nil {
-		return nil, fmt.Errorf("donated-subscription overlay is invalid: %w", err) // a bad file, not an I/O failure
-	}
-	return doc, nil
-}
-
 // validate refuses what no donation writes: every item is held to a donation's rules.
 func (d *overlayDoc) validate() error {
-	if d.Items == nil {
-		d.Items = []overlayItem{}
-	}
+	d.Items = append([]overlayItem{}, d.Items...) // "items": null too is a list
 	for i, it := range d.Items {
 		if err := checkItem(it, d.Items[:i]); err != nil {
 			return fmt.Errorf("items[%d]: %w", i, err)
@@ -115,10 +104,16 @@ type inventory struct {
 	cacheStatus uint64 // a block or a credential change shows at once
 }
 
-// newInventory places the overlay in st and reads the listing cache's TTL (SPEC §10.2).
+// newInventory places the overlay (parsed strictly) in st and reads the listing cache's TTL (SPEC §10.2).
 func newInventory(st state, v *vault, j *journal, l *ledger, getenv func(string) string, sy sys) *inventory {
 	inv := &inventory{sys: sy, vault: v, j: j, l: l, cache: map[string][]subscriptionRow{}}
-	inv.overlay = stateFile[*overlayDoc]{role: "donated-subscription overlay", parse: parseOverlay}
+	inv.overlay = stateFile[*overlayDoc]{role: "donated-subscription overlay", parse: func(b []byte) (*overlayDoc, error) {
+		doc := &overlayDoc{SchemaVersion: 1, Items: []overlayItem{}} // an empty file is an empty overlay
+		if err := decodeStrict(overlayFile, b, doc); len(b) > 0 && err != nil {
+			return nil, fmt.Errorf("donated-subscription overlay is invalid: %w", err) // a bad file, not an I/O failure
+		}
+		return doc, nil
+	}}
 	inv.overlay.path, inv.overlay.pathErr = st.path(inv.overlay.role, overlayFile)
 	var err error // unset or unreadable (logged) is 60 s
 	if inv.ttl, err = envSeconds(getenv, "BRAMA_SUBSCRIPTION_CACHE_TTL_SECS", 0, 60*time.Second); err != nil {

@@ -68,7 +68,7 @@ func readOverlay(t *testing.T, env map[string]string) *overlayDoc {
 	if err != nil {
 		t.Fatal(err)
 	}
-	doc, err := parseOverlay(b)
+	doc, err := overlayParse(b)
 	if err != nil {
 		t.Fatalf("overlay on disk: %v", err)
 	}

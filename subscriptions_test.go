@@ -18,6 +18,9 @@ func newTestInventory(t *testing.T, env map[string]string, clock *testClock) (*i
 	return newInventory(st, newVault(vpath, verr), j, newLedger(st, testSys(t, nil).log, clock.now), testEnv(env), testSys(t, clock.now)), j
 }
 
+// overlayParse is the overlay's strict parser, as newInventory places it.
+var overlayParse = newInventory(state{}, nil, nil, nil, func(string) string { return "" }, sys{}).overlay.parse
+
 func TestParseOverlay(t *testing.T) {
 	item := `{"id":"sub_0123456789abcdef","provider":"kimi","agent_id":"a1","label":"work","created_at":"2026-01-02T03:04:05.000Z"}`
 	tests := []struct {
@@ -44,7 +47,7 @@ func TestParseOverlay(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			doc, err := parseOverlay([]byte(tc.doc))
+			doc, err := overlayParse([]byte(tc.doc))
 			if tc.want != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), overlayInvalid) {
 					t.Fatalf("err = %v, want %q naming %q", err, overlayInvalid, tc.want)
@@ -72,7 +75,7 @@ func FuzzParseOverlay(f *testing.F) {
 	f.Add([]byte(`{"schema_version":1,"items":[{"id":"sub_0123456789abcdef"}]}`))
 	f.Add([]byte(``))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		doc, err := parseOverlay(data)
+		doc, err := overlayParse(data)
 		if err != nil {
 			if !strings.HasPrefix(err.Error(), overlayInvalid) {
 				t.Fatalf("unclassified error: %v", err)
@@ -83,7 +86,7 @@ func FuzzParseOverlay(f *testing.F) {
 		if err != nil {
 			t.Fatalf("accepted overlay does not encode: %v", err)
 		}
-		again, err := parseOverlay(b)
+		again, err := overlayParse(b)
 		if err != nil || !reflect.DeepEqual(doc, again) {
 			t.Fatalf("round trip: %v\n%#v\n%#v", err, doc, again)
 		}
