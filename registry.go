@@ -200,12 +200,10 @@ type rule struct {
 
 // firstBroken is the refusal of the first broken rule, formatted with args (none: why is already formatted), or nil.
 func firstBroken(rules []rule, args ...any) error {
-	for _, r := range rules {
-		if r.bad && len(args) == 0 {
-			return errors.New(r.why)
-		} else if r.bad {
-			return fmt.Errorf(r.why, args...)
-		}
+	if i := slices.IndexFunc(rules, func(r rule) bool { return r.bad }); i >= 0 && len(args) == 0 {
+		return errors.New(rules[i].why)
+	} else if i >= 0 {
+		return fmt.Errorf(rules[i].why, args...)
 	}
 	return nil
 }
@@ -535,11 +533,9 @@ func ensureFirstClient(c *clientStore, stderr io.Writer) error {
 			d.Clients = []client{local}
 		}
 		return nil
-	}); err != nil {
-		return err
+	}); err != nil || !created {
+		return err // a file made meanwhile keeps its clients
 	}
-	if created {
-		fmt.Fprintf(stderr, "brama: created admin client \"local\"%s; bearer token (shown once): %s\n", kept, tok)
-	}
+	fmt.Fprintf(stderr, "brama: created admin client \"local\"%s; bearer token (shown once): %s\n", kept, tok)
 	return nil
 }
