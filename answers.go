@@ -447,10 +447,11 @@ func replayKeyOf(clientID, scope string, body rawObject, loose bool) [sha256.Siz
 	return [sha256.Size]byte(h.Sum(nil))
 }
 
-// lock takes mu and forgets every entry whose time has passed, so refused holds only live ones.
-func (g *replayGuard) lock() time.Time {
+// locked runs f holding mu, first forgetting every entry whose time has passed, so refused holds only live ones.
+func (g *replayGuard) locked(f func(now time.Time)) {
 	now := g.now()
 	g.mu.Lock()
+	defer g.mu.Unlock()
 	for len(g.queue) > 0 && !now.Before(g.queue[0].until) {
 		if q := g.queue[0]; g.refused[q.key] == q {
 			g.drop(q)
@@ -460,7 +461,7 @@ func (g *replayGuard) lock() time.Time {
 	if len(g.queue) == 0 {
 		g.queue = nil // let the backing array go
 	}
-	return now
+	f(now)
 }
 
 // drop forgets e, and its client with its last entry: a client pays for a digest only while it holds one.
@@ -473,13 +474,13 @@ func (g *replayGuard) drop(e *replayEntry) {
 
 // forget drops every refusal of a request through alias or provider ("" names none): the operator's fix (SPEC §17).
 func (g *replayGuard) forget(alias, provider string) {
-	g.lock()
-	defer g.mu.Unlock()
-	for _, e := range g.refused {
-		if alias != "" && e.alias == alias || provider != "" && slices.Contains(e.providers, provider) {
-			g.drop(e)
+	g.locked(func(time.Time) {
+		for _, e := range g.refused {
+			if alias != "" && e.alias == alias || provider != "" && slices.Contains(e.providers, provider) {
+				g.drop(e)
+			}
 		}
-	}
+	})
 }
 
 // check is the replay guard at a planned request of client (SPEC §8.1). refusal repeats the one remembered under the
@@ -496,16 +497,13 @@ func (g *replayGuard) check(client, agent string, h http.Header, body rawObject,
 		return fmt.Sprintf("%q", [][]string{{agent, c.res.Route, c.res.BaseURL, hexSHA256([]byte(c.cred.APIKey))},
 			h.Values("anthropic-version"), h.Values("anthropic-beta"), h.Values("openai-beta")})
 	}
-	g.lock()
-	held := g.held[client] > 0
-	g.mu.Unlock()
 	var e *replayEntry
+	held := false
+	g.locked(func(time.Time) { held = g.held[client] > 0 })
 	if held { // the digests cost the body's bytes: taken outside the lock every request passes
 		s := scope()
 		strict, loose := replayKeyOf(client, s, body, false), replayKeyOf(client, s, body, true)
-		g.lock()
-		e = cmp.Or(g.refused[strict], g.refused[loose])
-		g.mu.Unlock()
+		g.locked(func(time.Time) { e = cmp.Or(g.refused[strict], g.refused[loose]) })
 	}
 	if e != nil {
 		refusal = refuse(e.code, "this request repeats one refused at %s after a provider call (%s); the same request is refused without a provider call until %s (BRAMA_REPLAY_GUARD_SECS)",
@@ -526,12 +524,12 @@ func (g *replayGuard) check(client, agent string, h http.Header, body rawObject,
 		for _, cand := range append([]resolution{c.res}, cands...) { // a provider twice does no harm
 			e.providers = append(e.providers, cand.Provider.id)
 		}
-		now := g.lock()
-		defer g.mu.Unlock()
-		if e.until = now.Add(g.window); g.refused[e.key] == nil {
-			g.held[client]++
-		}
-		g.refused[e.key] = e
-		g.queue = append(g.queue, e)
+		g.locked(func(now time.Time) {
+			if e.until = now.Add(g.window); g.refused[e.key] == nil {
+				g.held[client]++
+			}
+			g.refused[e.key] = e
+			g.queue = append(g.queue, e)
+		})
 	}
 }

@@ -432,10 +432,9 @@ func rememberOf(g *replayGuard, client string, body rawObject, c call) func(ae *
 }
 
 // size is the number of refusals remembered now.
-func (g *replayGuard) size() int {
-	g.lock()
-	defer g.mu.Unlock()
-	return len(g.refused)
+func (g *replayGuard) size() (n int) {
+	g.locked(func(time.Time) { n = len(g.refused) })
+	return n
 }
 
 // refuseOnce has g remember a provider 400 with message after one call, as a request's engine would.
