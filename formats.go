@@ -259,17 +259,16 @@ func newCallerRequest(cr *callerRequest, b any, h *callerHead, known string) (ch
 
 // readList reads the caller's array raw at path what: each element decoded into a T, then given with its
 // raw JSON and path to add. Absent or null is no element; the first refusal stops it.
-func readList[T any](raw json.RawMessage, what string, add func(T, json.RawMessage, string) error) error {
-	var raws []json.RawMessage
-	if rawIsNull(raw) {
-		return nil
+func readList[T any](raw json.RawMessage, what string, add func(T, json.RawMessage, string) error) (err error) {
+	list, ok := splitRaw(raw, '[', nil) // raw is valid: a member of a decoded body
+	if !ok && !rawIsNull(raw) {
+		return decodeCallerJSON(raw, new([]json.RawMessage), what) // not an array: its refusal
 	}
-	err := decodeCallerJSON(raw, &raws, what)
-	for i := 0; err == nil && i < len(raws); i++ {
+	for i := 0; err == nil && i < len(list.members); i++ {
 		var it T
-		path := fmt.Sprintf("%s[%d]", what, i)
-		if err = decodeCallerJSON(raws[i], &it, path); err == nil {
-			err = add(it, raws[i], path)
+		m, path := raw[list.members[i].val:list.members[i].end], fmt.Sprintf("%s[%d]", what, i)
+		if err = decodeCallerJSON(m, &it, path); err == nil {
+			err = add(it, m, path)
 		}
 	}
 	return err
