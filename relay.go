@@ -347,20 +347,18 @@ func (r *streamReader) read(event string, data []byte) (keep, end bool, err erro
 	}
 	switch {
 	case done && !r.finished:
-		err = streamCut(io.EOF)
+		return false, false, streamCut(io.EOF)
 	case data == nil || done: // no data line dispatches nothing (WHATWG); chat's [DONE] ends
-		keep, end = true, done
+		return true, done, nil
 	case !ok:
-		err = eventWithout(r.protocol, "data", "one JSON object")
+		return false, false, eventWithout(r.protocol, "data", "one JSON object")
 	case typ == "" && r.protocol != protoOpenAIChat:
-		err = eventWithout(r.protocol, "event", "a type")
+		return false, false, eventWithout(r.protocol, "event", "a type")
 	case typ == "error" || r.protocol == protoOpenAIResponses && typ == "response.failed" ||
 		r.protocol == protoOpenAIChat && !rawIsNull(e.value("error")):
-		err = r.inBandError(e)
-	default:
-		keep, end, err = formatOf(r.protocol).read(r, typ, e)
+		return false, false, r.inBandError(e)
 	}
-	return keep, end, err
+	return formatOf(r.protocol).read(r, typ, e)
 }
 
 // decode decodes o's member key into v (absent or null leaves v as it is); a failure is a malformed event.
