@@ -277,15 +277,14 @@ func readList[T any](raw json.RawMessage, what string, add func(T, json.RawMessa
 // callerParts reads content in every format: a string (one text part), or an array of parts (kind) that read turns into
 // neutral ones and the members each carries (the rest named); one left untyped is named by its type, else its member.
 func callerParts[T any](req *chatRequest, raw json.RawMessage, what, kind string,
-	read func(T, json.RawMessage, string) (p part, members string, err error)) ([]part, error) {
-	var parts []part
+	read func(T, json.RawMessage, string) (p part, members string, err error)) (parts []part, err error) {
 	switch rawShape(raw) {
 	case '"':
 		var s string
-		err := decodeCallerJSON(raw, &s, what)
+		err = decodeCallerJSON(raw, &s, what)
 		return []part{{Type: partText, Text: s}}, err
 	case '[':
-		err := readList(raw, what, func(it T, raw json.RawMessage, path string) error {
+		err = readList(raw, what, func(it T, raw json.RawMessage, path string) error {
 			p, members, err := read(it, raw, path)
 			if err == nil && p.Type == "" {
 				var it struct{ Type string }
