@@ -259,17 +259,16 @@ func newCallerRequest(cr *callerRequest, b any, h *callerHead, known string) (ch
 
 // readList reads the caller's array raw at path what: each element decoded into a T, then given with its
 // raw JSON and path to add. Absent or null is no element; the first refusal stops it.
-func readList[T any](raw json.RawMessage, what string, add func(T, json.RawMessage, string) error) error {
-	var raws []json.RawMessage
-	if rawIsNull(raw) {
-		return nil
+func readList[T any](raw json.RawMessage, what string, add func(T, json.RawMessage, string) error) (err error) {
+	list, ok := splitRaw(raw, '[', nil) // raw is valid: a member of a decoded body
+	if !ok && !rawIsNull(raw) {
+		return decodeCallerJSON(raw, new([]json.RawMessage), what) // not an array: its refusal
 	}
-	err := decodeCallerJSON(raw, &raws, what)
-	for i := 0; err == nil && i < len(raws); i++ {
+	for i := 0; err == nil && i < len(list.members); i++ {
 		var it T
-		path := fmt.Sprintf("%s[%d]", what, i)
-		if err = decodeCallerJSON(raws[i], &it, path); err == nil {
-			err = add(it, raws[i], path)
+		m, path := raw[list.members[i].val:list.members[i].end], fmt.Sprintf("%s[%d]", what, i)
+		if err = decodeCallerJSON(m, &it, path); err == nil {
+			err = add(it, m, path)
 		}
 	}
 	return err
@@ -278,15 +277,14 @@ func readList[T any](raw json.RawMessage, what string, add func(T, json.RawMessa
 // callerParts reads content in every format: a string (one text part), or an array of parts (kind) that read turns into
 // neutral ones and the members each carries (the rest named); one left untyped is named by its type, else its member.
 func callerParts[T any](req *chatRequest, raw json.RawMessage, what, kind string,
-	read func(T, json.RawMessage, string) (p part, members string, err error)) ([]part, error) {
-	var parts []part
+	read func(T, json.RawMessage, string) (p part, members string, err error)) (parts []part, err error) {
 	switch rawShape(raw) {
 	case '"':
 		var s string
-		err := decodeCallerJSON(raw, &s, what)
+		err = decodeCallerJSON(raw, &s, what)
 		return []part{{Type: partText, Text: s}}, err
 	case '[':
-		err := readList(raw, what, func(it T, raw json.RawMessage, path string) error {
+		err = readList(raw, what, func(it T, raw json.RawMessage, path string) error {
 			p, members, err := read(it, raw, path)
 			if err == nil && p.Type == "" {
 				var it struct{ Type string }

@@ -160,13 +160,12 @@ type streamBlock struct {
 }
 
 // text writes the next piece of the answer's text, in the open text block or a new one.
-func (s *callerStream) text(t string) error {
-	if t == "" {
-		return nil
-	} else if s.open == nil || !s.open.text {
-		if err := s.openBlock(&streamBlock{text: true}); err != nil {
-			return err
-		}
+func (s *callerStream) text(t string) (err error) {
+	if t != "" && (s.open == nil || !s.open.text) {
+		err = s.openBlock(&streamBlock{text: true})
+	}
+	if t == "" || err != nil {
+		return err
 	}
 	s.open.buf.WriteString(t)
 	return s.frames(s, stepDelta, s.open, t)
@@ -198,26 +197,21 @@ func (s *callerStream) args(index int, piece string) error {
 
 // openBlock closes the open block and opens b (nil: none). A wrapped call's input (the "input" member of the
 // function made of a custom tool toward messages) goes out whole before it closes.
-func (s *callerStream) openBlock(b *streamBlock) error {
+func (s *callerStream) openBlock(b *streamBlock) (err error) {
 	if o := s.open; o != nil {
-		s.open = nil
-		full := o.buf.String()
-		if o.wrapped {
+		if s.open = nil; o.wrapped {
 			var in struct{ Input string }
-			json.Unmarshal([]byte(full), &in)
-			full = in.Input
+			json.Unmarshal([]byte(o.buf.String()), &in)
 			o.buf.Reset()
-			o.buf.WriteString(full)
-			if err := s.frames(s, stepDelta, o, full); err != nil {
-				return err
-			}
+			o.buf.WriteString(in.Input)
+			err = s.frames(s, stepDelta, o, in.Input)
 		}
-		if err := s.frames(s, stepClose, o, full); err != nil {
-			return err
+		if err == nil {
+			err = s.frames(s, stepClose, o, o.buf.String())
 		}
 	}
-	if b == nil {
-		return nil
+	if err != nil || b == nil {
+		return err
 	}
 	b.pos, s.open, s.blocks = len(s.blocks), b, append(s.blocks, b)
 	return s.frames(s, stepOpen, b, "")
@@ -243,11 +237,11 @@ func (s *callerStream) finish(failure *apiError) (err error) {
 	if err == nil {
 		err = s.openBlock(nil)
 	}
-	if err != nil {
-		return err
+	if err == nil {
+		s.done = true
+		err = s.frames(s, stepEnd, nil, "")
 	}
-	s.done = true
-	return s.frames(s, stepEnd, nil, "")
+	return err
 }
 
 // frame writes one event, named when name is set; its data is Brama's own types, whose raw members it built valid.
@@ -353,20 +347,18 @@ func (r *streamReader) read(event string, data []byte) (keep, end bool, err erro
 	}
 	switch {
 	case done && !r.finished:
-		err = streamCut(io.EOF)
+		return false, false, streamCut(io.EOF)
 	case data == nil || done: // no data line dispatches nothing (WHATWG); chat's [DONE] ends
-		keep, end = true, done
+		return true, done, nil
 	case !ok:
-		err = eventWithout(r.protocol, "data", "one JSON object")
+		return false, false, eventWithout(r.protocol, "data", "one JSON object")
 	case typ == "" && r.protocol != protoOpenAIChat:
-		err = eventWithout(r.protocol, "event", "a type")
+		return false, false, eventWithout(r.protocol, "event", "a type")
 	case typ == "error" || r.protocol == protoOpenAIResponses && typ == "response.failed" ||
 		r.protocol == protoOpenAIChat && !rawIsNull(e.value("error")):
-		err = r.inBandError(e)
-	default:
-		keep, end, err = formatOf(r.protocol).read(r, typ, e)
+		return false, false, r.inBandError(e)
 	}
-	return keep, end, err
+	return formatOf(r.protocol).read(r, typ, e)
 }
 
 // decode decodes o's member key into v (absent or null leaves v as it is); a failure is a malformed event.
