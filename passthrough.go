@@ -126,8 +126,7 @@ func rawText(raw []byte) []byte {
 	} else if bytes.IndexByte(raw, '\\') < 0 {
 		return raw[1 : len(raw)-1]
 	}
-	var s string
-	json.Unmarshal(raw, &s)
+	s, _ := jsonString(raw)
 	return []byte(s)
 }
 
