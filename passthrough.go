@@ -126,8 +126,7 @@ func rawText(raw []byte) []byte {
 	} else if bytes.IndexByte(raw, '\\') < 0 {
 		return raw[1 : len(raw)-1]
 	}
-	var s string
-	json.Unmarshal(raw, &s)
+	s, _ := jsonString(raw)
 	return []byte(s)
 }
 
@@ -258,11 +257,10 @@ func (cr *callerRequest) passthrough(ctx context.Context, c call, path string, s
 
 func newProviderRequest(ctx context.Context, c call, extra http.Header, path string, body []byte, stream bool) (*http.Request, error) {
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, c.baseURL+path, bytes.NewReader(body))
-	if err != nil {
-		return nil, refuse("internal_error", "internal error").because(err)
+	if err == nil { // else the attempt engine's internal_error (asAPIError)
+		setProviderHeaders(hr.Header, c.res.Provider, c.cred, extra, stream)
 	}
-	setProviderHeaders(hr.Header, c.res.Provider, c.cred, extra, stream)
-	return hr, nil
+	return hr, err
 }
 
 // addsUsage reports whether Brama asks a chat stream for usage, the caller not (SPEC §6.2); that chunk is not relayed (§7.6).

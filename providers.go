@@ -392,10 +392,7 @@ func statedWait(h http.Header, k string, now time.Time) time.Duration {
 
 // classifyTransport maps a failed provider call to its code (SPEC §8.2): provider_incomplete once the request may be billed.
 func classifyTransport(err error) *apiError {
-	cause := err
-	if ue := (*url.Error)(nil); errors.As(err, &ue) {
-		cause = ue.Err // drop "Post <url>:"; the URL says nothing new
-	}
+	cause := cmp.Or(errors.Unwrap(err), err) // client.Do's *url.Error without "Post <url>:"; the URL says nothing new
 	op, dns := (*net.OpError)(nil), (*net.DNSError)(nil)
 	dial := errors.As(err, &op) && op.Op == "dial"
 	code, m := "provider_incomplete", "the provider connection failed after the request was sent: %s"
