@@ -107,7 +107,7 @@ type persisted[V any] struct {
 	unplaced  sync.Once
 	every     time.Duration
 	afterFunc func(d time.Duration, f func()) ledgerStopper
-	doc       func(entries map[string]V, now time.Time) any // the file's document around a copy of the entries
+	doc       func(entries map[string]V, now time.Time) any // the file's document around the entries, encoded under mu
 	logAs     [2]string                                     // the log messages of pathErr and of a failed write
 
 	mu        sync.Mutex // guards entries, dirty, lastWrite, timer
@@ -151,7 +151,7 @@ func (p *persisted[V]) flush(pendingOnly bool) {
 		p.timer = nil
 	}
 	p.dirty, p.lastWrite = false, p.now()
-	data, err := marshalState(p.doc(maps.Clone(p.entries), p.lastWrite)) // under mu: entries share their slices
+	data, err := marshalState(p.doc(p.entries, p.lastWrite)) // under mu: the document is encoded, never kept
 	p.mu.Unlock()
 	if err == nil { // a document that cannot be encoded never replaces the file
 		err = writeFileAtomic(p.name, data)
@@ -178,7 +178,8 @@ func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 		doc: func(m map[string]ledgerEntry, _ time.Time) any { return ledgerDoc{1, m} }, pathErr: f.pathErr}}
 	switch entries, _, err := f.read(); {
 	case err == nil:
-		l.name, l.entries = f.path, entries
+		l.name = f.path
+		maps.Copy(l.entries, entries) // "subscriptions" null or absent: none
 	case f.pathErr == nil: // else err is pathErr
 		l.unreadable = err
 		log.Error("ledger_unreadable", "file", f.path, "cause", err.Error())
@@ -203,9 +204,6 @@ func parseLedger(b []byte) (map[string]ledgerEntry, error) {
 	if err := firstBroken(rules); err != nil {
 		return nil, fmt.Errorf("%s: %w", ledgerFile, err)
 	}
-	if doc.Subscriptions == nil { // null or absent: none (a nil map would panic at the first mutation)
-		doc.Subscriptions = map[string]ledgerEntry{}
-	}
 	return doc.Subscriptions, nil
 }
 
@@ -213,10 +211,8 @@ func parseLedger(b []byte) (map[string]ledgerEntry, error) {
 func (l *ledger) entry(id string) ledgerEntry {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	e, ok := l.entries[id]
-	if !ok {
-		e.Credential.State = credActive
-	}
+	e := l.entries[id]
+	e.Credential.State = cmp.Or(e.Credential.State, credActive) // a stored record always states one
 	e.Windows = slices.Clone(e.Windows)
 	return e
 }
@@ -351,10 +347,8 @@ func (l *ledger) nextDue(now time.Time, retired map[string]bool) (best time.Time
 func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEntry, now time.Time)) {
 	defer nudge(l.changed)
 	l.change(immediate, func(entries map[string]ledgerEntry, now time.Time) {
-		e, ok := entries[id]
-		if !ok {
-			e.Credential.State = credActive
-		}
+		e := entries[id]
+		e.Credential.State = cmp.Or(e.Credential.State, credActive)
 		e.Provider = cmp.Or(provider, e.Provider)
 		fn(&e, now)
 		entries[id] = e
