@@ -368,19 +368,18 @@ func newWindow(id, label string, fraction float64, resetMs int64, now time.Time,
 	return planWindow{id, label, planFraction(fraction), resetMs, now.UnixMilli(), source}
 }
 
-// anthropicWindows are the claude-code windows traffic headers (by key) and the usage report (by member) state under one id.
+// anthropicWindows are the claude-code windows traffic headers (by prefix) and the usage report (by member) state under one id.
 var anthropicWindows = []struct{ header, member, id, label string }{
-	{"5h", "five_hour", "anthropic:5h", "5 hours"},
-	{"7d", "seven_day", "anthropic:7d", "7 days"},
+	{"anthropic-ratelimit-unified-5h", "five_hour", "anthropic:5h", "5 hours"},
+	{"anthropic-ratelimit-unified-7d", "seven_day", "anthropic:7d", "7 days"},
 }
 
 // parsePlanWindows reads the plan windows an answer's headers state (SPEC §6.3); a value that does not parse is skipped.
 func parsePlanWindows(provider string, h http.Header, now time.Time) (ws []planWindow) {
 	get := func(key string) number { return numberOf(h.Get(key)) }
 	for _, k := range anthropicWindows {
-		key := "anthropic-ratelimit-unified-" + k.header
-		if util := get(key + "-utilization"); provider == "claude-code" && util.ok {
-			ws = append(ws, newWindow(k.id, k.label, util.v, get(key+"-reset").ms, now, windowSourceTraffic))
+		if util := get(k.header + "-utilization"); provider == "claude-code" && util.ok {
+			ws = append(ws, newWindow(k.id, k.label, util.v, get(k.header+"-reset").ms, now, windowSourceTraffic))
 		}
 	}
 	for _, which := range []string{"primary", "secondary"} {
