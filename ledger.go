@@ -175,13 +175,12 @@ func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 	f.path, f.pathErr = st.path("ledger", ledgerFile)
 	l := &ledger{changed: make(chan struct{}, 1), persisted: persisted[ledgerEntry]{sys: sys{log, now}, every: ledgerWriteEvery,
 		afterFunc: afterFunc, logAs: [2]string{"ledger_unplaced", "ledger_write_failed"}, entries: map[string]ledgerEntry{},
-		doc: func(m map[string]ledgerEntry, _ time.Time) any { return ledgerDoc{1, m} }, pathErr: f.pathErr}}
+		doc: func(m map[string]ledgerEntry, _ time.Time) any { return ledgerDoc{1, m} }, name: f.path, pathErr: f.pathErr}}
 	switch entries, _, err := f.read(); {
 	case err == nil:
-		l.name = f.path
 		maps.Copy(l.entries, entries) // "subscriptions" null or absent: none
 	case f.pathErr == nil: // else err is pathErr
-		l.unreadable = err
+		l.unreadable, l.name = err, "" // never written
 		log.Error("ledger_unreadable", "file", f.path, "cause", err.Error())
 	}
 	return l
