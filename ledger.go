@@ -7,6 +7,7 @@ import (
 	"maps"
 	"math"
 	"net/http"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -82,10 +83,7 @@ type (
 )
 
 // isSubscriptionID: sub_ and 16 lower-case hex digits (SPEC §2.2).
-func isSubscriptionID(id string) bool {
-	rest, ok := strings.CutPrefix(id, "sub_")
-	return ok && len(rest) == 16 && strings.Trim(rest, "0123456789abcdef") == ""
-}
+var isSubscriptionID = regexp.MustCompile(`^sub_[0-9a-f]{16}$`).MatchString
 
 // ledgerStopper is a timer: a persisted map's write-behind, maintenance's due timer; tests fake afterFunc.
 type ledgerStopper interface{ Stop() bool }
