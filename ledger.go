@@ -7,6 +7,7 @@ import (
 	"maps"
 	"math"
 	"net/http"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -82,10 +83,7 @@ type (
 )
 
 // isSubscriptionID: sub_ and 16 lower-case hex digits (SPEC §2.2).
-func isSubscriptionID(id string) bool {
-	rest, ok := strings.CutPrefix(id, "sub_")
-	return ok && len(rest) == 16 && strings.Trim(rest, "0123456789abcdef") == ""
-}
+var isSubscriptionID = regexp.MustCompile(`^sub_[0-9a-f]{16}$`).MatchString
 
 // ledgerStopper is a timer: a persisted map's write-behind, maintenance's due timer; tests fake afterFunc.
 type ledgerStopper interface{ Stop() bool }
@@ -107,7 +105,7 @@ type persisted[V any] struct {
 	unplaced  sync.Once
 	every     time.Duration
 	afterFunc func(d time.Duration, f func()) ledgerStopper
-	doc       func(entries map[string]V, now time.Time) any // the file's document around a copy of the entries
+	doc       func(entries map[string]V, now time.Time) any // the file's document around the entries, encoded under mu
 	logAs     [2]string                                     // the log messages of pathErr and of a failed write
 
 	mu        sync.Mutex // guards entries, dirty, lastWrite, timer
@@ -151,7 +149,7 @@ func (p *persisted[V]) flush(pendingOnly bool) {
 		p.timer = nil
 	}
 	p.dirty, p.lastWrite = false, p.now()
-	data, err := marshalState(p.doc(maps.Clone(p.entries), p.lastWrite)) // under mu: entries share their slices
+	data, err := marshalState(p.doc(p.entries, p.lastWrite)) // under mu: the document is encoded, never kept
 	p.mu.Unlock()
 	if err == nil { // a document that cannot be encoded never replaces the file
 		err = writeFileAtomic(p.name, data)
@@ -175,12 +173,12 @@ func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 	f.path, f.pathErr = st.path("ledger", ledgerFile)
 	l := &ledger{changed: make(chan struct{}, 1), persisted: persisted[ledgerEntry]{sys: sys{log, now}, every: ledgerWriteEvery,
 		afterFunc: afterFunc, logAs: [2]string{"ledger_unplaced", "ledger_write_failed"}, entries: map[string]ledgerEntry{},
-		doc: func(m map[string]ledgerEntry, _ time.Time) any { return ledgerDoc{1, m} }, pathErr: f.pathErr}}
+		doc: func(m map[string]ledgerEntry, _ time.Time) any { return ledgerDoc{1, m} }, name: f.path, pathErr: f.pathErr}}
 	switch entries, _, err := f.read(); {
 	case err == nil:
-		l.name, l.entries = f.path, entries
+		maps.Copy(l.entries, entries) // "subscriptions" null or absent: none
 	case f.pathErr == nil: // else err is pathErr
-		l.unreadable = err
+		l.unreadable, l.name = err, "" // never written
 		log.Error("ledger_unreadable", "file", f.path, "cause", err.Error())
 	}
 	return l
@@ -203,9 +201,6 @@ func parseLedger(b []byte) (map[string]ledgerEntry, error) {
 	if err := firstBroken(rules); err != nil {
 		return nil, fmt.Errorf("%s: %w", ledgerFile, err)
 	}
-	if doc.Subscriptions == nil { // null or absent: none (a nil map would panic at the first mutation)
-		doc.Subscriptions = map[string]ledgerEntry{}
-	}
 	return doc.Subscriptions, nil
 }
 
@@ -213,10 +208,8 @@ func parseLedger(b []byte) (map[string]ledgerEntry, error) {
 func (l *ledger) entry(id string) ledgerEntry {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	e, ok := l.entries[id]
-	if !ok {
-		e.Credential.State = credActive
-	}
+	e := l.entries[id]
+	e.Credential.State = cmp.Or(e.Credential.State, credActive) // a stored record always states one
 	e.Windows = slices.Clone(e.Windows)
 	return e
 }
@@ -351,10 +344,8 @@ func (l *ledger) nextDue(now time.Time, retired map[string]bool) (best time.Time
 func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEntry, now time.Time)) {
 	defer nudge(l.changed)
 	l.change(immediate, func(entries map[string]ledgerEntry, now time.Time) {
-		e, ok := entries[id]
-		if !ok {
-			e.Credential.State = credActive
-		}
+		e := entries[id]
+		e.Credential.State = cmp.Or(e.Credential.State, credActive)
 		e.Provider = cmp.Or(provider, e.Provider)
 		fn(&e, now)
 		entries[id] = e
@@ -374,19 +365,18 @@ func newWindow(id, label string, fraction float64, resetMs int64, now time.Time,
 	return planWindow{id, label, planFraction(fraction), resetMs, now.UnixMilli(), source}
 }
 
-// anthropicWindows are the claude-code windows traffic headers (by key) and the usage report (by member) state under one id.
+// anthropicWindows are the claude-code windows traffic headers (by prefix) and the usage report (by member) state under one id.
 var anthropicWindows = []struct{ header, member, id, label string }{
-	{"5h", "five_hour", "anthropic:5h", "5 hours"},
-	{"7d", "seven_day", "anthropic:7d", "7 days"},
+	{"anthropic-ratelimit-unified-5h", "five_hour", "anthropic:5h", "5 hours"},
+	{"anthropic-ratelimit-unified-7d", "seven_day", "anthropic:7d", "7 days"},
 }
 
 // parsePlanWindows reads the plan windows an answer's headers state (SPEC §6.3); a value that does not parse is skipped.
 func parsePlanWindows(provider string, h http.Header, now time.Time) (ws []planWindow) {
 	get := func(key string) number { return numberOf(h.Get(key)) }
 	for _, k := range anthropicWindows {
-		key := "anthropic-ratelimit-unified-" + k.header
-		if util := get(key + "-utilization"); provider == "claude-code" && util.ok {
-			ws = append(ws, newWindow(k.id, k.label, util.v, get(key+"-reset").ms, now, windowSourceTraffic))
+		if util := get(k.header + "-utilization"); provider == "claude-code" && util.ok {
+			ws = append(ws, newWindow(k.id, k.label, util.v, get(k.header+"-reset").ms, now, windowSourceTraffic))
 		}
 	}
 	for _, which := range []string{"primary", "secondary"} {
