@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"maps"
 	"os"
@@ -96,7 +95,7 @@ type fileIdentity struct {
 // guardFile is SPEC §2.2's reader guards on name's Lstat or, with open, on the file it opens: a name swapped after a
 // check cannot slip through, and a planted FIFO cannot hang the open. The file is nil unless the guards pass.
 func guardFile(role, name string, open bool) (f *os.File, id fileIdentity, err error) {
-	var fi fs.FileInfo
+	var fi os.FileInfo
 	if !open {
 		fi, err = os.Lstat(name)
 	} else if f, err = os.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0); err == nil {
@@ -104,9 +103,9 @@ func guardFile(role, name string, open bool) (f *os.File, id fileIdentity, err e
 	}
 	why := ""
 	switch {
-	case errors.Is(err, fs.ErrNotExist): // size -1: absence is an identity a stateFile keeps; no formatting: a hot path
-		return nil, fileIdentity{size: -1}, &fs.PathError{Op: role, Path: name, Err: errFileAbsent}
-	case errors.Is(err, syscall.ELOOP) || err == nil && fi.Mode()&fs.ModeSymlink != 0:
+	case errors.Is(err, os.ErrNotExist): // size -1: absence is an identity a stateFile keeps; no formatting: a hot path
+		return nil, fileIdentity{size: -1}, &os.PathError{Op: role, Path: name, Err: errFileAbsent}
+	case errors.Is(err, syscall.ELOOP) || err == nil && fi.Mode()&os.ModeSymlink != 0:
 		why = "is a symlink; refusing to follow it"
 	case err != nil:
 		err = fmt.Errorf("%s: %w", role, err)
@@ -210,7 +209,7 @@ var testingOnlyRename func(oldpath, newpath string) error
 // writeFileAtomic is every whole-file writer's owner-only atomic replacement (SPEC §2.2).
 func writeFileAtomic(name string, data []byte) error { return placeFile(name, data, testingOnlyRename) }
 
-// publishFile creates name only if it does not exist (fs.ErrExist): a reservation (SPEC §12).
+// publishFile creates name only if it does not exist (os.ErrExist): a reservation (SPEC §12).
 func publishFile(name string, data []byte) error { return placeFile(name, data, os.Link) }
 
 // placeFile puts data at name by place (link, else rename) of a synced 0600 sibling temporary, then syncs the directory.
@@ -323,7 +322,7 @@ func removeStaleTemps(dir string, elsewhere ...string) (n int, err error) {
 	}
 	for _, sw := range sweeps {
 		entries, err := os.ReadDir(sw[0])
-		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			return n, err
 		}
 		for _, e := range entries {
@@ -337,7 +336,7 @@ func removeStaleTemps(dir string, elsewhere ...string) (n int, err error) {
 			} else {
 				err = remove()
 			}
-			if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			if err != nil && !errors.Is(err, os.ErrNotExist) {
 				return n, err
 			}
 			n++
