@@ -101,28 +101,26 @@ func guardFile(role, name string, open bool) (f *os.File, id fileIdentity, err e
 	} else if f, err = os.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0); err == nil {
 		fi, err = f.Stat()
 	}
-	why := ""
 	switch {
 	case errors.Is(err, os.ErrNotExist): // size -1: absence is an identity a stateFile keeps; no formatting: a hot path
 		return nil, fileIdentity{size: -1}, &os.PathError{Op: role, Path: name, Err: errFileAbsent}
 	case errors.Is(err, syscall.ELOOP) || err == nil && fi.Mode()&os.ModeSymlink != 0:
-		why = "is a symlink; refusing to follow it"
+		err = fmt.Errorf("%s %s is a symlink; refusing to follow it", role, name)
 	case err != nil:
 		err = fmt.Errorf("%s: %w", role, err)
 	case !fi.Mode().IsRegular():
-		why = "is not a regular file"
+		err = fmt.Errorf("%s %s is not a regular file", role, name)
 	case int(fi.Sys().(*syscall.Stat_t).Uid) != os.Geteuid(): // Sys is a Stat_t on Unix (Brama needs flock)
-		why = fmt.Sprintf("is owned by uid %d, not this process's uid %d", fi.Sys().(*syscall.Stat_t).Uid, os.Geteuid())
+		err = fmt.Errorf("%s %s is owned by uid %d, not this process's uid %d", role, name,
+			fi.Sys().(*syscall.Stat_t).Uid, os.Geteuid())
 	case fi.Mode().Perm()&0o077 != 0:
-		why = fmt.Sprintf("has mode %#o; it must not be readable or writable by group or other (chmod 600)", fi.Mode().Perm())
+		err = fmt.Errorf("%s %s has mode %#o; it must not be readable or writable by group or other (chmod 600)", role, name,
+			fi.Mode().Perm())
 	default:
 		st := fi.Sys().(*syscall.Stat_t)
 		return f, fileIdentity{dev: uint64(st.Dev), ino: st.Ino, size: fi.Size(), mtime: fi.ModTime()}, nil
 	}
 	f.Close() // a nil *os.File answers ErrInvalid
-	if why != "" {
-		err = fmt.Errorf("%s %s %s", role, name, why)
-	}
 	return nil, fileIdentity{}, err
 }
 
@@ -203,8 +201,8 @@ func (f *stateFile[T]) update(change func(T) error) error {
 	})
 }
 
-// testingOnlyRename replaces os.Rename in writeFileAtomic (nil in production).
-var testingOnlyRename func(oldpath, newpath string) error
+// testingOnlyRename is writeFileAtomic's rename: os.Rename but in tests that make it fail.
+var testingOnlyRename = os.Rename
 
 // writeFileAtomic is every whole-file writer's owner-only atomic replacement (SPEC §2.2).
 func writeFileAtomic(name string, data []byte) error { return placeFile(name, data, testingOnlyRename) }
@@ -212,12 +210,9 @@ func writeFileAtomic(name string, data []byte) error { return placeFile(name, da
 // publishFile creates name only if it does not exist (os.ErrExist): a reservation (SPEC §12).
 func publishFile(name string, data []byte) error { return placeFile(name, data, os.Link) }
 
-// placeFile puts data at name by place (link, else rename) of a synced 0600 sibling temporary, then syncs the directory.
+// placeFile puts data at name by place (link or rename) of a synced 0600 sibling temporary, then syncs the directory.
 func placeFile(name string, data []byte, place func(oldpath, newpath string) error) error {
 	dir := filepath.Dir(name)
-	if place == nil {
-		place = os.Rename
-	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
