@@ -500,9 +500,8 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
-	if enc.Encode(v) != nil {
+	if enc.Encode(v) != nil { // a failed Encode writes nothing
 		status = 500
-		b.Reset()
 		b.WriteString(`{"error":{"message":"internal error","type":"internal_error","code":"internal_error","retryable":false}}` + "\n")
 	}
 	w.Header().Set("Content-Type", "application/json")
