@@ -71,7 +71,7 @@ func TestAdminRouteWriteRenameFails(t *testing.T) {
 	path := filepath.Join(env["BRAMA_STATE_DIR"], "routes.json")
 	before, _ := os.ReadFile(path)
 	testingOnlyRename = func(string, string) error { return errors.New("injected rename failure") }
-	defer func() { testingOnlyRename = os.Rename }()
+	defer func() { testingOnlyRename = nil }()
 	s, _, b := d.call("PUT", "/v1/admin/routes", d.token, `{"alias":"lost","route":"openai/gpt-4o"}`)
 	if s != 500 || envelopeOf(t, b)["code"] != "internal_error" {
 		t.Errorf("PUT with a failing rename: %d %s, want 500 internal_error", s, b)

@@ -486,7 +486,7 @@ func TestSignedAnswerUnkept(t *testing.T) {
 		testingOnlyRename = func(string, string) error { return errors.New("injected: no space left on device") }
 		okAnswer(w)
 	})
-	defer func() { testingOnlyRename = os.Rename }()
+	defer func() { testingOnlyRename = nil }()
 	body := answerBody("unkept")
 	first := postAnswer(d, "order-7", body)
 	if first.status != 200 || first.hdr.Get("Brama-Answer-Signature") != "" {

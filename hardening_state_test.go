@@ -136,7 +136,7 @@ func TestFailedDonationTakesItsSecretBack(t *testing.T) {
 		}
 		return os.Rename(oldpath, newpath)
 	}
-	defer func() { testingOnlyRename = os.Rename }()
+	defer func() { testingOnlyRename = nil }()
 	status, _, body := d.call("POST", "/v1/admin/subscriptions/a1", d.token, `{"provider":"kimi","api_key":"kimi-key-planted-0123"}`)
 	if status != 500 {
 		t.Fatalf("donation with a failing overlay write: %d %s, want 500", status, body)

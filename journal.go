@@ -51,7 +51,7 @@ type routeChange struct {
 type journal struct {
 	sys
 	name            string                 // "" when there is no state directory
-	testingOnlySync func(f *os.File) error // append's fsync: (*os.File).Sync but in tests that make it fail
+	testingOnlySync func(f *os.File) error // replaces f.Sync's result in append
 	mu              sync.Mutex             // guards broken; held across an append so this process's appends queue
 	broken          error                  // why name is "" (errNoState), or the fsync failure after which nothing is appended
 	readMu          sync.Mutex             // guards fold
@@ -74,7 +74,7 @@ var errJournalUnusable = errors.New("journal unusable after a failed fsync")
 
 // newJournal places the journal in st; without a state directory every operation refuses with the cause (SPEC §2.1).
 func newJournal(st state, sy sys) *journal {
-	j := &journal{sys: sy, testingOnlySync: (*os.File).Sync}
+	j := &journal{sys: sy}
 	j.name, j.broken = st.path("journal", "journal.jsonl")
 	return j
 }
@@ -138,7 +138,10 @@ func (j *journal) append(rec journalRecord) error {
 		return fmt.Errorf("journal: %w", err)
 	}
 	syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-	if err = j.testingOnlySync(f); err != nil {
+	if err = f.Sync(); j.testingOnlySync != nil {
+		err = j.testingOnlySync(f)
+	}
+	if err != nil {
 		j.broken = fmt.Errorf("%w: %w", errJournalUnusable, err) // never retry fsync; the page cache may be lying
 		return j.broken
 	}

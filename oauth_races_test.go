@@ -116,7 +116,7 @@ func TestRefreshVaultWriteFailureLogsItsCause(t *testing.T) {
 		}
 		return os.Rename(oldpath, newpath)
 	}
-	t.Cleanup(func() { testingOnlyRename = os.Rename })
+	t.Cleanup(func() { testingOnlyRename = nil })
 	if _, err := f.o.refresh(context.Background(), oauthSubID, "claude-code", ""); err != nil {
 		t.Fatalf("refresh with an unwritable vault: %v; want the rotated grant, kept in memory", err)
 	}
@@ -318,7 +318,7 @@ func TestUnwritableVaultKeepsTheRotatedGrant(t *testing.T) {
 		}
 		return os.Rename(oldpath, newpath)
 	}
-	t.Cleanup(func() { testingOnlyRename = os.Rename }) // after the daemon stops: cleanups run last first
+	t.Cleanup(func() { testingOnlyRename = nil }) // after the daemon stops: cleanups run last first
 	provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
 		if r.Header.Get("Authorization") != "Bearer acc-rotated-0031" {
 			http.Error(w, `{"type":"error","error":{"type":"authentication_error","message":"expired token"}}`, 401)

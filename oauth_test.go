@@ -482,7 +482,7 @@ func TestRefreshVaultWriteFails(t *testing.T) {
 		}
 		return os.Rename(oldpath, newpath)
 	}
-	t.Cleanup(func() { testingOnlyRename = os.Rename })
+	t.Cleanup(func() { testingOnlyRename = nil })
 	g, err := f.o.refresh(context.Background(), oauthSubID, "claude-code", "")
 	if err != nil || g.AccessToken != "at-new" || g.RefreshToken != "rt-new" {
 		t.Fatalf("refresh = %+v, %v; want the rotated grant", g, err)
@@ -497,7 +497,7 @@ func TestRefreshVaultWriteFails(t *testing.T) {
 		t.Errorf("credential state = %q, want %q", st, credActive)
 	}
 	f.v.writeUnwritten(f.o.log) // the vault still refuses: kept
-	testingOnlyRename = os.Rename
+	testingOnlyRename = nil
 	f.v.writeUnwritten(f.o.log)
 	if got := f.stored(t, oauthSubID); got.RefreshToken != "rt-new" || len(f.v.unwrittenIDs()) != 0 {
 		t.Errorf("after a write the vault holds %+v (unwritten %v), want the rotated grant", got, f.v.unwrittenIDs())

@@ -427,7 +427,7 @@ func TestRegistryRenameFailure(t *testing.T) {
 	before := regDoc(`{"chat":"best"}`)
 	regWrite(t, f.path, before)
 	testingOnlyRename = func(oldpath, newpath string) error { return errors.New("injected rename failure") }
-	t.Cleanup(func() { testingOnlyRename = os.Rename })
+	t.Cleanup(func() { testingOnlyRename = nil })
 
 	_, err := f.reg.set("chat", ptr("openai/gpt-4o"), "cli")
 	wantAPIError(t, err, "internal_error", "injected rename failure")

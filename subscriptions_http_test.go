@@ -340,9 +340,9 @@ func TestSubscriptionOverlayWriteFails(t *testing.T) {
 		}
 		return os.Rename(oldpath, newpath)
 	}
-	defer func() { testingOnlyRename = os.Rename }()
+	defer func() { testingOnlyRename = nil }()
 	s, _, b = d.call("POST", "/v1/subscriptions/a1", tok, `{"provider":"kimi","api_key":"sk-orphan-0123456789"}`)
-	testingOnlyRename = os.Rename
+	testingOnlyRename = nil
 	mu.Lock()
 	defer mu.Unlock()
 	if s != 500 || envelopeOf(t, b)["code"] != "internal_error" {
