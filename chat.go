@@ -353,7 +353,7 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 		delta.ToolCalls = []chatToolCall{chatCall(&b.index, "", "", d, b.custom)}
 		delta.ToolCalls[0].Type = ""
 	case step == stepFail: // the envelope of SPEC §8.1 as a final data frame
-		return s.frame("", s.failure.body())
+		return s.frame("", envelope{Error: *s.failure})
 	case step == stepEnd:
 		finish, n := ptrTo(cmp.Or(s.rd.finish, finishStop)), s.rd.usage // usage left out, not zeros, when unreported
 		u := ifSet(&chatUsage{n.InputTokens, n.OutputTokens, n.InputTokens + n.OutputTokens}, n.Reported)

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"maps"
 	"net/http"
 	"os"
@@ -90,7 +89,7 @@ func (j *journal) ready() error {
 	}
 	path, mode := j.name, uint32(0x2)
 	_, _, err := guardFile("journal", path, false)
-	for errors.Is(err, errFileAbsent) || errors.Is(err, fs.ErrNotExist) && filepath.Dir(path) != path {
+	for errors.Is(err, errFileAbsent) || errors.Is(err, os.ErrNotExist) && filepath.Dir(path) != path {
 		path, mode = filepath.Dir(path), 0x2|0x1 // a plain file fails X_OK
 		_, err = os.Stat(path)
 	}
@@ -484,8 +483,6 @@ type envelope struct {
 	Error apiError `json:"error"`
 }
 
-func (e *apiError) body() envelope { return envelope{Error: *e} }
-
 // asAPIError classifies an error: nil as nil, an apiError as itself, no state directory as dependency_unavailable, else
 // internal_error.
 func asAPIError(err error) *apiError {
@@ -506,9 +503,8 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
-	if enc.Encode(v) != nil {
+	if enc.Encode(v) != nil { // a failed Encode writes nothing
 		status = 500
-		b.Reset()
 		b.WriteString(`{"error":{"message":"internal error","type":"internal_error","code":"internal_error","retryable":false}}` + "\n")
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -527,7 +523,7 @@ func writeAPIError(w http.ResponseWriter, r *http.Request, err error) *apiError 
 	if ae.Retryable && ae.RetryAfter > 0 { // rounded up: never back early (RFC 9110 §10.2.3)
 		h.Set("Retry-After", strconv.FormatInt(int64((ae.RetryAfter+time.Second-1)/time.Second), 10))
 	}
-	env := ae.body()
+	env := envelope{Error: *ae}
 	if r != nil && (r.URL.Path == "/v1/messages" || strings.HasPrefix(r.URL.Path, "/v1/messages/")) {
 		env.Type = "error"
 	}

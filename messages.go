@@ -405,7 +405,7 @@ func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string)
 		ev.Delta, ev.Usage = &messagesBlock{StopReason: *m.StopReason, StopSequence: json.RawMessage("null")}, m.Usage
 		return cmp.Or(s.frame(ev.Type, ev), s.frame("message_stop", messagesEvent{Type: "message_stop"}))
 	case step == stepFail:
-		ev.Error = must(json.Marshal(s.failure.body().Error))
+		ev.Error = must(json.Marshal(s.failure))
 	}
 	return s.frame(ev.Type, ev)
 }

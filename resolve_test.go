@@ -219,7 +219,7 @@ func TestResolveModelStatuses(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := resolveModel(tt.model, doc, nil, resolveDirect)
 			ae := asAPIError(err)
-			b := string(regJSON(t, ae.body()))
+			b := string(regJSON(t, envelope{Error: *ae}))
 			if ae.Status() != tt.status || !strings.Contains(b, tt.body) || strings.Contains(b, "attempts") {
 				t.Errorf("status %d body %s; want %d with %s and no attempts", ae.Status(), b, tt.status, tt.body)
 			}

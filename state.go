@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"maps"
 	"os"
@@ -96,34 +95,32 @@ type fileIdentity struct {
 // guardFile is SPEC §2.2's reader guards on name's Lstat or, with open, on the file it opens: a name swapped after a
 // check cannot slip through, and a planted FIFO cannot hang the open. The file is nil unless the guards pass.
 func guardFile(role, name string, open bool) (f *os.File, id fileIdentity, err error) {
-	var fi fs.FileInfo
+	var fi os.FileInfo
 	if !open {
 		fi, err = os.Lstat(name)
 	} else if f, err = os.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0); err == nil {
 		fi, err = f.Stat()
 	}
-	why := ""
 	switch {
-	case errors.Is(err, fs.ErrNotExist): // size -1: absence is an identity a stateFile keeps; no formatting: a hot path
-		return nil, fileIdentity{size: -1}, &fs.PathError{Op: role, Path: name, Err: errFileAbsent}
-	case errors.Is(err, syscall.ELOOP) || err == nil && fi.Mode()&fs.ModeSymlink != 0:
-		why = "is a symlink; refusing to follow it"
+	case errors.Is(err, os.ErrNotExist): // size -1: absence is an identity a stateFile keeps; no formatting: a hot path
+		return nil, fileIdentity{size: -1}, &os.PathError{Op: role, Path: name, Err: errFileAbsent}
+	case errors.Is(err, syscall.ELOOP) || err == nil && fi.Mode()&os.ModeSymlink != 0:
+		err = fmt.Errorf("%s %s is a symlink; refusing to follow it", role, name)
 	case err != nil:
 		err = fmt.Errorf("%s: %w", role, err)
 	case !fi.Mode().IsRegular():
-		why = "is not a regular file"
+		err = fmt.Errorf("%s %s is not a regular file", role, name)
 	case int(fi.Sys().(*syscall.Stat_t).Uid) != os.Geteuid(): // Sys is a Stat_t on Unix (Brama needs flock)
-		why = fmt.Sprintf("is owned by uid %d, not this process's uid %d", fi.Sys().(*syscall.Stat_t).Uid, os.Geteuid())
+		err = fmt.Errorf("%s %s is owned by uid %d, not this process's uid %d", role, name,
+			fi.Sys().(*syscall.Stat_t).Uid, os.Geteuid())
 	case fi.Mode().Perm()&0o077 != 0:
-		why = fmt.Sprintf("has mode %#o; it must not be readable or writable by group or other (chmod 600)", fi.Mode().Perm())
+		err = fmt.Errorf("%s %s has mode %#o; it must not be readable or writable by group or other (chmod 600)", role, name,
+			fi.Mode().Perm())
 	default:
 		st := fi.Sys().(*syscall.Stat_t)
 		return f, fileIdentity{dev: uint64(st.Dev), ino: st.Ino, size: fi.Size(), mtime: fi.ModTime()}, nil
 	}
 	f.Close() // a nil *os.File answers ErrInvalid
-	if why != "" {
-		err = fmt.Errorf("%s %s %s", role, name, why)
-	}
 	return nil, fileIdentity{}, err
 }
 
@@ -210,7 +207,7 @@ var testingOnlyRename func(oldpath, newpath string) error
 // writeFileAtomic is every whole-file writer's owner-only atomic replacement (SPEC §2.2).
 func writeFileAtomic(name string, data []byte) error { return placeFile(name, data, testingOnlyRename) }
 
-// publishFile creates name only if it does not exist (fs.ErrExist): a reservation (SPEC §12).
+// publishFile creates name only if it does not exist (os.ErrExist): a reservation (SPEC §12).
 func publishFile(name string, data []byte) error { return placeFile(name, data, os.Link) }
 
 // placeFile puts data at name by place (link, else rename) of a synced 0600 sibling temporary, then syncs the directory.
@@ -323,7 +320,7 @@ func removeStaleTemps(dir string, elsewhere ...string) (n int, err error) {
 	}
 	for _, sw := range sweeps {
 		entries, err := os.ReadDir(sw[0])
-		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			return n, err
 		}
 		for _, e := range entries {
@@ -337,7 +334,7 @@ func removeStaleTemps(dir string, elsewhere ...string) (n int, err error) {
 			} else {
 				err = remove()
 			}
-			if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			if err != nil && !errors.Is(err, os.ErrNotExist) {
 				return n, err
 			}
 			n++
