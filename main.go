@@ -121,8 +121,7 @@ func serve(e *cliEnv, o opts, _ []string) error {
 		return err
 	} else if lock != nil {
 		defer lock.Close()
-		n, err := removeStaleTemps(d.st.dir, d.vault.path, d.reg.path, d.clients.path)
-		if err != nil {
+		if n, err := removeStaleTemps(d.st.dir, d.vault.path, d.reg.path, d.clients.path); err != nil {
 			log.Warn("state_temp_files_unremoved", "removed", n, "cause", err.Error())
 		} else if n > 0 {
 			log.Info("state_temp_files_removed", "count", n)
@@ -349,16 +348,14 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 		fmt.Fprintf(e.stdout, "next: %s\n", cmd)
 		return err
 	}
+	doc, cerr := eng.clients.load() // serve makes the first admin client
 	if err := done(&prog.Steps.StateDirectory, "state-directory", ""); err != nil {
 		return err
-	}
-	switch doc, err := eng.clients.load(); { // serve makes the first admin client
-	case err == nil && len(doc.Clients) == 0: // absent too
+	} else if cerr != nil {
+		return fmt.Errorf("the clients file is unusable: %w", cerr)
+	} else if len(doc.Clients) == 0 { // absent too
 		return next("brama clients add <id> -admin", errRefused)
-	case err != nil:
-		return fmt.Errorf("the clients file is unusable: %w", err)
-	}
-	if err := done(&prog.Steps.Client, "client", ""); err != nil {
+	} else if err := done(&prog.Steps.Client, "client", ""); err != nil {
 		return err
 	}
 	// A bare deployment is called as local-openai/<name>; subscription routes and selectors are refused: their ledger
@@ -385,13 +382,11 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 	}
 	if err := done(&prog.Steps.Route, "route", c.res.Route); err != nil {
 		return err
-	}
-	if prog.Steps.Answer != nil && model == "" {
+	} else if prog.Steps.Answer != nil && model == "" {
 		return done(&prog.Steps.Answer, "answer", "") // done on an earlier run
 	} else if model == "" || !o.b("allow-provider-cost") {
 		return next("brama onboard -model "+cmp.Or(model, "<route>")+" -allow-provider-cost", nil)
-	}
-	if _, ae := eng.ping(e.ctx, c, nil); ae != nil { // one ping, as the probe's (SPEC §11.3)
+	} else if _, ae := eng.ping(e.ctx, c, nil); ae != nil { // one ping, as the probe's (SPEC §11.3)
 		return fmt.Errorf("no model answer: %s", ae.Message)
 	}
 	return done(&prog.Steps.Answer, "answer", c.res.Route)
