@@ -348,14 +348,16 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 		fmt.Fprintf(e.stdout, "next: %s\n", cmd)
 		return err
 	}
-	doc, cerr := eng.clients.load() // serve makes the first admin client
 	if err := done(&prog.Steps.StateDirectory, "state-directory", ""); err != nil {
 		return err
-	} else if cerr != nil {
-		return fmt.Errorf("the clients file is unusable: %w", cerr)
-	} else if len(doc.Clients) == 0 { // absent too
+	}
+	switch doc, err := eng.clients.load(); { // serve makes the first admin client
+	case err == nil && len(doc.Clients) == 0: // absent too
 		return next("brama clients add <id> -admin", errRefused)
-	} else if err := done(&prog.Steps.Client, "client", ""); err != nil {
+	case err != nil:
+		return fmt.Errorf("the clients file is unusable: %w", err)
+	}
+	if err := done(&prog.Steps.Client, "client", ""); err != nil {
 		return err
 	}
 	// A bare deployment is called as local-openai/<name>; subscription routes and selectors are refused: their ledger
@@ -382,11 +384,13 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 	}
 	if err := done(&prog.Steps.Route, "route", c.res.Route); err != nil {
 		return err
-	} else if prog.Steps.Answer != nil && model == "" {
+	}
+	if prog.Steps.Answer != nil && model == "" {
 		return done(&prog.Steps.Answer, "answer", "") // done on an earlier run
 	} else if model == "" || !o.b("allow-provider-cost") {
 		return next("brama onboard -model "+cmp.Or(model, "<route>")+" -allow-provider-cost", nil)
-	} else if _, ae := eng.ping(e.ctx, c, nil); ae != nil { // one ping, as the probe's (SPEC §11.3)
+	}
+	if _, ae := eng.ping(e.ctx, c, nil); ae != nil { // one ping, as the probe's (SPEC §11.3)
 		return fmt.Errorf("no model answer: %s", ae.Message)
 	}
 	return done(&prog.Steps.Answer, "answer", c.res.Route)
