@@ -417,8 +417,7 @@ func run(ctx context.Context, cut <-chan struct{}, args []string, getenv func(st
 			fs.SetOutput(e.stdout)
 			fs.PrintDefaults()
 		}
-		fmt.Fprintf(e.stdout, "\nexample:\n  %s\n", c.example)
-		return nil
+		return e.say(nil, "\nexample:\n  %s\n", c.example)
 	}
 	missing := slices.DeleteFunc(slices.Clone(c.need), func(name string) bool { return strings.TrimSpace(o.s(name)) != "" })
 	switch {

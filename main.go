@@ -121,8 +121,7 @@ func serve(e *cliEnv, o opts, _ []string) error {
 		return err
 	} else if lock != nil {
 		defer lock.Close()
-		n, err := removeStaleTemps(d.st.dir, d.vault.path, d.reg.path, d.clients.path)
-		if err != nil {
+		if n, err := removeStaleTemps(d.st.dir, d.vault.path, d.reg.path, d.clients.path); err != nil {
 			log.Warn("state_temp_files_unremoved", "removed", n, "cause", err.Error())
 		} else if n > 0 {
 			log.Info("state_temp_files_removed", "count", n)
