@@ -149,7 +149,7 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 			case cp.Type == "file" && doc.FileData != "":
 				p, err = part{Type: partDocument, URL: doc.FileData, Filename: doc.Filename}, checkCallerURL(doc.FileData, path+".file.file_data")
 			default: // a part Brama does not carry
-				return p, "", nil
+				return p, cp.Type, nil
 			}
 			req.dropUnknown(rawMember(raw, cp.Type), chatNested[cp.Type]) // the members of its object not carried
 			return p, "type " + cp.Type, err

@@ -169,7 +169,7 @@ func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part
 		case rp.Type == "input_file" && rp.FileData+rp.FileURL != "":
 			p, err = part{Type: partDocument, URL: rp.FileData + rp.FileURL, Filename: rp.Filename}, checkCallerURL(rp.FileData+rp.FileURL, at)
 		default:
-			return p, "", nil
+			return p, rp.Type, nil
 		}
 		return p, responsesPartMembers[rp.Type], err
 	})
