@@ -171,14 +171,17 @@ func (s *callerStream) text(t string) (err error) {
 	return s.frames(s, stepDelta, s.open, t)
 }
 
-// call opens the block of tool call index (0-based, in call order), named as the caller declared the tool.
+// call opens tool call index's block (0-based, in call order), named as the caller declared it, with tc's arguments.
 func (s *callerStream) call(index int, tc part) error {
 	b := &streamBlock{index: index, id: tc.ToolCallID, name: tc.ToolName, custom: tc.Custom}
 	if t := s.req.findTool(tc.ToolName); t != nil {
 		b.name, b.namespace, b.custom = t.memberName(), t.Namespace, t.Type == toolCustom
 	}
 	b.wrapped = b.custom && !tc.Custom
-	return s.openBlock(b)
+	if err := s.openBlock(b); err != nil {
+		return err
+	}
+	return s.args(index, tc.Arguments)
 }
 
 // args writes the next piece of call index's arguments. A call whose block closed (a provider interleaving calls)
@@ -230,9 +233,7 @@ func (s *callerStream) finish(failure *apiError) (err error) {
 		s.rd.finish = finishContentFilter
 	}
 	for i := 0; err == nil && i < len(s.rd.held); i++ {
-		if err = s.call(i+1, s.rd.held[i]); err == nil {
-			err = s.args(i+1, s.rd.held[i].Arguments)
-		}
+		err = s.call(i+1, s.rd.held[i])
 	}
 	if err == nil {
 		err = s.openBlock(nil)

@@ -438,20 +438,19 @@ func decodeResponses(body []byte, r *streamReader) error {
 // gives its text or arguments whole.
 func (r *streamReader) item(it *upstreamCall, item *responsesItem, done bool) error {
 	tc, isCall := item.call()
-	if isCall && it.tool < 0 {
-		if item.Name == "" {
-			return eventWithout(protoOpenAIResponses, "a call item", "a name")
-		}
-		it.tool, r.ncalls = r.ncalls, r.ncalls+1
-		if err := r.out.call(it.tool, tc); err != nil {
-			return err
-		}
+	if !done || it.streamed { // it gives no text or arguments
+		tc.Arguments, item.Content = "", nil
 	}
 	switch {
-	case !done || it.streamed || !isCall && item.Type != "message": // reasoning gives nothing
-		return nil
+	case isCall && it.tool < 0 && item.Name == "":
+		return eventWithout(protoOpenAIResponses, "a call item", "a name")
+	case isCall && it.tool < 0:
+		it.tool, r.ncalls = r.ncalls, r.ncalls+1
+		return r.out.call(it.tool, tc)
 	case isCall:
 		return r.out.args(it.tool, tc.Arguments)
+	case item.Type == "message": // reasoning gives nothing
+		return r.delta(&chatMessage{Content: item.Content})
 	}
-	return r.delta(&chatMessage{Content: item.Content})
+	return nil
 }
