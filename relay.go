@@ -82,22 +82,16 @@ func (s *callerStream) close() {
 	s.timer.Stop()
 }
 
-// answer translates a committed stream of c to its terminal signal, or relays it as received but Brama's usage chunk.
-func (s *callerStream) answer(c call, body io.Reader, translate, dropUsage bool) (_ usage, err error) {
-	if translate {
-		err = s.translate(c, body, nil)
-	} else {
-		s.rd = streamReader{protocol: c.res.Provider.protocol, secret: c.cred.bearer(), dropUsage: dropUsage}
+// answer reads a committed answer of c to its terminal signal: translated start to finish (whole: a buffered body, else
+// the stream body), or a stream relayed as received but Brama's usage chunk.
+func (s *callerStream) answer(c call, body io.Reader, whole []byte, translate, dropUsage bool) (_ usage, err error) {
+	s.rd = streamReader{protocol: c.res.Provider.protocol, secret: c.cred.bearer(), dropUsage: dropUsage}
+	if !translate {
 		err = s.rd.run(body, s.write)
+		return s.rd.usage, err
 	}
-	return s.rd.usage, err
-}
-
-// translate writes, start to finish, the answer in c's protocol: whole, a buffered body, else the stream body.
-func (s *callerStream) translate(c call, body io.Reader, whole []byte) error {
-	err := s.frames(s, stepBegin, nil, "")
-	s.rd = streamReader{protocol: c.res.Provider.protocol, secret: c.cred.bearer(), out: s, calls: map[int]*upstreamCall{}}
-	if err == nil && whole != nil {
+	s.rd.out, s.rd.calls = s, map[int]*upstreamCall{}
+	if err = s.frames(s, stepBegin, nil, ""); err == nil && whole != nil {
 		err = formatOf(c.res.Provider.protocol).decode(whole, &s.rd)
 	} else if err == nil {
 		err = s.rd.run(body, nil)
@@ -105,7 +99,7 @@ func (s *callerStream) translate(c call, body io.Reader, whole []byte) error {
 	if err == nil {
 		err = s.finish(nil)
 	}
-	return err
+	return s.rd.usage, err
 }
 
 var errCallerStreamDone = errors.New("caller stream already ended")
