@@ -455,14 +455,13 @@ func (r *streamReader) delta(d *chatMessage) error {
 			}
 			c = &upstreamCall{tool: r.ncalls, id: call.ToolCallID}
 			r.calls[i], r.ncalls = c, r.ncalls+1
-			if c.tool > 0 { // its start with its first piece
-				r.held = append(r.held, call)
-			} else if err := r.out.call(0, call); err != nil {
-				return err
+			if c.tool > 0 { // its start, its pieces gathered below
+				r.held = append(r.held, part{Type: partToolCall, ToolCallID: call.ToolCallID, ToolName: call.ToolName, Custom: call.Custom})
 			}
-		} else if c.tool > 0 {
+		}
+		if c.tool > 0 {
 			r.held[c.tool-1].Arguments += call.Arguments
-		} else if err := r.out.args(0, call.Arguments); err != nil {
+		} else if err := r.out.call(0, call); err != nil {
 			return err
 		}
 	}

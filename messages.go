@@ -457,10 +457,10 @@ func (r *streamReader) readBlock(typ string, index int, b, d *messagesBlock) err
 		return eventWithout(protoAnthropic, typ, "a tool_use block")
 	case typ == "content_block_delta" && d.Type == "input_json_delta" && valueOr(d.PartialJSON, "") != "":
 		c.streamed = true
-		return r.out.args(c.tool, *d.PartialJSON)
+		return r.out.call(c.tool, part{Arguments: *d.PartialJSON})
 	case typ == "content_block_stop" && isTool && !c.streamed: // a tool without parameters streamed none; callers expect "{}"
 		c.streamed = true
-		return r.out.args(c.tool, "{}")
+		return r.out.call(c.tool, part{Arguments: "{}"})
 	}
 	return nil
 }

@@ -165,31 +165,28 @@ func (s *callerStream) text(t string) (err error) {
 	return s.frames(s, stepDelta, s.open, t)
 }
 
-// call opens tool call index's block (0-based, in call order), named as the caller declared it, with tc's arguments.
+// call writes the next piece of tool call index's arguments (0-based, in call order), its start (tc named) opening its
+// block, named as the caller declared the tool; a piece before the start is refused. A call whose block closed (a
+// provider interleaving calls) still gets them at its index, where SDKs gather them.
 func (s *callerStream) call(index int, tc part) error {
-	b := &streamBlock{index: index, id: tc.ToolCallID, name: tc.ToolName, custom: tc.Custom}
-	if t := s.req.findTool(tc.ToolName); t != nil {
-		b.name, b.namespace, b.custom = t.memberName(), t.Namespace, t.Type == toolCustom
-	}
-	b.wrapped = b.custom && !tc.Custom
-	if err := s.openBlock(b); err != nil {
-		return err
-	}
-	return s.args(index, tc.Arguments)
-}
-
-// args writes the next piece of call index's arguments. A call whose block closed (a provider interleaving calls)
-// still gets them at its index, where SDKs gather them.
-func (s *callerStream) args(index int, piece string) error {
 	i := slices.IndexFunc(s.blocks, func(b *streamBlock) bool { return !b.text && b.index == index })
-	if i < 0 {
+	if i < 0 && tc.ToolName == "" {
 		return fmt.Errorf("arguments for tool call %d before its start", index)
+	} else if i < 0 {
+		b := &streamBlock{index: index, id: tc.ToolCallID, name: tc.ToolName, custom: tc.Custom}
+		if t := s.req.findTool(tc.ToolName); t != nil {
+			b.name, b.namespace, b.custom = t.memberName(), t.Namespace, t.Type == toolCustom
+		}
+		b.wrapped, i = b.custom && !tc.Custom, len(s.blocks)
+		if err := s.openBlock(b); err != nil {
+			return err
+		}
 	}
 	b := s.blocks[i]
-	if b.buf.WriteString(piece); piece == "" || b.wrapped {
+	if b.buf.WriteString(tc.Arguments); tc.Arguments == "" || b.wrapped {
 		return nil
 	}
-	return s.frames(s, stepDelta, b, piece)
+	return s.frames(s, stepDelta, b, tc.Arguments)
 }
 
 // openBlock closes the open block and opens b (nil: none). A wrapped call's input (the "input" member of the

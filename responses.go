@@ -403,7 +403,7 @@ func (r *streamReader) readResponses(typ string, e rawObject) (keep, end bool, e
 		case it.tool < 0:
 			err = eventWithout(protoOpenAIResponses, typ, "a call item")
 		default:
-			err = r.out.args(it.tool, ev.Delta)
+			err = r.out.call(it.tool, part{Arguments: ev.Delta})
 		}
 		it.streamed = it.streamed || ev.Delta != "" || done // a done item gives nothing again
 	}
@@ -446,9 +446,9 @@ func (r *streamReader) item(it *upstreamCall, item *responsesItem, done bool) er
 		return eventWithout(protoOpenAIResponses, "a call item", "a name")
 	case isCall && it.tool < 0:
 		it.tool, r.ncalls = r.ncalls, r.ncalls+1
+		fallthrough
+	case isCall: // its start, or its arguments whole
 		return r.out.call(it.tool, tc)
-	case isCall:
-		return r.out.args(it.tool, tc.Arguments)
 	case item.Type == "message": // reasoning gives nothing
 		return r.delta(&chatMessage{Content: item.Content})
 	}

@@ -43,7 +43,7 @@ func feed(s *callerStream, ev streamEvent) error {
 	case eventToolCallStart:
 		return s.call(ev.Index, callPart(ev.ToolCall))
 	case eventToolCallArgs:
-		return s.args(ev.Index, ev.Text)
+		return s.call(ev.Index, part{Arguments: ev.Text})
 	case eventFinish:
 		s.rd.finish = ev.Finish
 		return s.openBlock(nil)
