@@ -46,7 +46,7 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 			sa := openStreamAnswer(w, req.dialect, tr, model, attempts, cmp.Or(testingOnlyKeepAlive, keepAliveEvery))
 			defer sa.close()
 			var err error
-			if u, err = sa.answer(c, resp.Body, !pass, req.addsUsage(p)); err != nil {
+			if u, err = sa.answer(c, resp.Body, nil, !pass, req.addsUsage(p)); err != nil {
 				failure = asAPIError(err).withAttempts(attempts)        // a hang-up's is settle's
 				e.t.remember(failure, attempts, ctx.Err() != nil, true) // before the caller can read it and fall back
 				sa.finish(failure)

@@ -149,7 +149,7 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 			case cp.Type == "file" && doc.FileData != "":
 				p, err = part{Type: partDocument, URL: doc.FileData, Filename: doc.Filename}, checkCallerURL(doc.FileData, path+".file.file_data")
 			default: // a part Brama does not carry
-				return p, "", nil
+				return p, cp.Type, nil
 			}
 			req.dropUnknown(rawMember(raw, cp.Type), chatNested[cp.Type]) // the members of its object not carried
 			return p, "type " + cp.Type, err
@@ -455,15 +455,13 @@ func (r *streamReader) delta(d *chatMessage) error {
 			}
 			c = &upstreamCall{tool: r.ncalls, id: call.ToolCallID}
 			r.calls[i], r.ncalls = c, r.ncalls+1
-			if c.tool > 0 { // its start, then its pieces below
+			if c.tool > 0 { // its start, its pieces gathered below
 				r.held = append(r.held, part{Type: partToolCall, ToolCallID: call.ToolCallID, ToolName: call.ToolName, Custom: call.Custom})
-			} else if err := r.out.call(0, call); err != nil {
-				return err
 			}
 		}
 		if c.tool > 0 {
 			r.held[c.tool-1].Arguments += call.Arguments
-		} else if err := r.out.args(0, call.Arguments); err != nil {
+		} else if err := r.out.call(0, call); err != nil {
 			return err
 		}
 	}

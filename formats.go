@@ -275,7 +275,7 @@ func readList[T any](raw json.RawMessage, what string, add func(T, json.RawMessa
 }
 
 // callerParts reads content in every format: a string (one text part), or an array of parts (kind) that read turns into
-// neutral ones and the members each carries (the rest named); one left untyped is named by its type, else its member.
+// neutral ones and the members each carries (the rest named), or into none and the type to name (else its member).
 func callerParts[T any](req *chatRequest, raw json.RawMessage, what, kind string,
 	read func(T, json.RawMessage, string) (p part, members string, err error)) (parts []part, err error) {
 	switch rawShape(raw) {
@@ -287,9 +287,7 @@ func callerParts[T any](req *chatRequest, raw json.RawMessage, what, kind string
 		err = readList(raw, what, func(it T, raw json.RawMessage, path string) error {
 			p, members, err := read(it, raw, path)
 			if err == nil && p.Type == "" {
-				var it struct{ Type string }
-				json.Unmarshal(raw, &it)
-				req.drop(true, cmp.Or(it.Type, what[strings.LastIndex(what, ".")+1:]))
+				req.drop(true, cmp.Or(members, what[strings.LastIndex(what, ".")+1:]))
 				return nil
 			}
 			req.dropUnknown(raw, members)

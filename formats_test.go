@@ -40,7 +40,7 @@ func callPart(tc toolCall) part {
 // else the stream body.
 func answerOf(protocol string, body io.Reader, whole []byte) (chatAnswer, error) {
 	s := &callerStream{frames: func(*callerStream, streamStep, *streamBlock, string) error { return nil }}
-	if err := s.translate(call{res: resolution{Provider: providerInfo{protocol: protocol}}}, body, whole); err != nil {
+	if _, err := s.answer(call{res: resolution{Provider: providerInfo{protocol: protocol}}}, body, whole, true, false); err != nil {
 		return chatAnswer{}, err
 	}
 	a := chatAnswer{Finish: s.rd.finish, Usage: s.rd.usage}

@@ -185,7 +185,7 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 			case src.Type == "url":
 				p.URL, err = src.URL, checkCallerURL(src.URL, path+".source.url")
 			case src.Type == "file": // a file reference (no counterpart): dropped
-				return part{}, "", nil
+				return part{}, bl.Type, nil
 			default:
 				return part{}, "", refuse("invalid_request", "%s.source must be base64 with a media_type, text, url or file", path)
 			}
@@ -203,7 +203,7 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 				err = refuse("invalid_request", "%s.tool_use_id is required", path)
 			}
 		default: // thinking, …: dropped
-			return p, "", nil
+			return p, bl.Type, nil
 		}
 		req.drop(bl.IsError, "is_error")
 		return p, messagesBlockMembers[bl.Type], err
@@ -457,10 +457,10 @@ func (r *streamReader) readBlock(typ string, index int, b, d *messagesBlock) err
 		return eventWithout(protoAnthropic, typ, "a tool_use block")
 	case typ == "content_block_delta" && d.Type == "input_json_delta" && valueOr(d.PartialJSON, "") != "":
 		c.streamed = true
-		return r.out.args(c.tool, *d.PartialJSON)
+		return r.out.call(c.tool, part{Arguments: *d.PartialJSON})
 	case typ == "content_block_stop" && isTool && !c.streamed: // a tool without parameters streamed none; callers expect "{}"
 		c.streamed = true
-		return r.out.args(c.tool, "{}")
+		return r.out.call(c.tool, part{Arguments: "{}"})
 	}
 	return nil
 }

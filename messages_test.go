@@ -299,7 +299,7 @@ func TestDecodeMessagesBlockOrder(t *testing.T) {
 	body := `{"type":"message","content":[{"type":"text","text":"a"},{"type":"tool_use","id":"toolu_1","name":"f","input":{ "x": 1 }},
 		{"type":"text","text":"b"}],"stop_reason":"tool_use","usage":{"input_tokens":3,"output_tokens":4}}`
 	s := &callerStream{w: io.Discard, frames: formatOf(dialectMessages).frames}
-	if err := s.translate(call{res: resolution{Provider: providerInfo{protocol: protoAnthropic}}}, nil, []byte(body)); err != nil {
+	if _, err := s.answer(call{res: resolution{Provider: providerInfo{protocol: protoAnthropic}}}, nil, []byte(body), true, false); err != nil {
 		t.Fatal(err)
 	}
 	want := []messagesBlock{{Type: "text", Text: ptrTo("a")},

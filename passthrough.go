@@ -355,8 +355,7 @@ func relayBuffered(w http.ResponseWriter, c call, resp *http.Response, attempts 
 	switch {
 	case err != nil:
 	case s != nil:
-		err = s.translate(c, resp.Body, body)
-		if u = s.rd.usage; err == nil {
+		if u, err = s.answer(c, resp.Body, body, true, false); err == nil {
 			body, err = json.Marshal(s.whole)
 		}
 	case p.codex:

@@ -82,22 +82,16 @@ func (s *callerStream) close() {
 	s.timer.Stop()
 }
 
-// answer translates a committed stream of c to its terminal signal, or relays it as received but Brama's usage chunk.
-func (s *callerStream) answer(c call, body io.Reader, translate, dropUsage bool) (_ usage, err error) {
-	if translate {
-		err = s.translate(c, body, nil)
-	} else {
-		s.rd = streamReader{protocol: c.res.Provider.protocol, secret: c.cred.bearer(), dropUsage: dropUsage}
+// answer reads a committed answer of c to its terminal signal: translated start to finish (whole: a buffered body, else
+// the stream body), or a stream relayed as received but Brama's usage chunk.
+func (s *callerStream) answer(c call, body io.Reader, whole []byte, translate, dropUsage bool) (_ usage, err error) {
+	s.rd = streamReader{protocol: c.res.Provider.protocol, secret: c.cred.bearer(), dropUsage: dropUsage}
+	if !translate {
 		err = s.rd.run(body, s.write)
+		return s.rd.usage, err
 	}
-	return s.rd.usage, err
-}
-
-// translate writes, start to finish, the answer in c's protocol: whole, a buffered body, else the stream body.
-func (s *callerStream) translate(c call, body io.Reader, whole []byte) error {
-	err := s.frames(s, stepBegin, nil, "")
-	s.rd = streamReader{protocol: c.res.Provider.protocol, secret: c.cred.bearer(), out: s, calls: map[int]*upstreamCall{}}
-	if err == nil && whole != nil {
+	s.rd.out, s.rd.calls = s, map[int]*upstreamCall{}
+	if err = s.frames(s, stepBegin, nil, ""); err == nil && whole != nil {
 		err = formatOf(c.res.Provider.protocol).decode(whole, &s.rd)
 	} else if err == nil {
 		err = s.rd.run(body, nil)
@@ -105,7 +99,7 @@ func (s *callerStream) translate(c call, body io.Reader, whole []byte) error {
 	if err == nil {
 		err = s.finish(nil)
 	}
-	return err
+	return s.rd.usage, err
 }
 
 var errCallerStreamDone = errors.New("caller stream already ended")
@@ -171,28 +165,28 @@ func (s *callerStream) text(t string) (err error) {
 	return s.frames(s, stepDelta, s.open, t)
 }
 
-// call opens the block of tool call index (0-based, in call order), named as the caller declared the tool.
+// call writes the next piece of tool call index's arguments (0-based, in call order), its start (tc named) opening its
+// block, named as the caller declared the tool; a piece before the start is refused. A call whose block closed (a
+// provider interleaving calls) still gets them at its index, where SDKs gather them.
 func (s *callerStream) call(index int, tc part) error {
-	b := &streamBlock{index: index, id: tc.ToolCallID, name: tc.ToolName, custom: tc.Custom}
-	if t := s.req.findTool(tc.ToolName); t != nil {
-		b.name, b.namespace, b.custom = t.memberName(), t.Namespace, t.Type == toolCustom
-	}
-	b.wrapped = b.custom && !tc.Custom
-	return s.openBlock(b)
-}
-
-// args writes the next piece of call index's arguments. A call whose block closed (a provider interleaving calls)
-// still gets them at its index, where SDKs gather them.
-func (s *callerStream) args(index int, piece string) error {
 	i := slices.IndexFunc(s.blocks, func(b *streamBlock) bool { return !b.text && b.index == index })
-	if i < 0 {
+	if i < 0 && tc.ToolName == "" {
 		return fmt.Errorf("arguments for tool call %d before its start", index)
+	} else if i < 0 {
+		b := &streamBlock{index: index, id: tc.ToolCallID, name: tc.ToolName, custom: tc.Custom}
+		if t := s.req.findTool(tc.ToolName); t != nil {
+			b.name, b.namespace, b.custom = t.memberName(), t.Namespace, t.Type == toolCustom
+		}
+		b.wrapped, i = b.custom && !tc.Custom, len(s.blocks)
+		if err := s.openBlock(b); err != nil {
+			return err
+		}
 	}
 	b := s.blocks[i]
-	if b.buf.WriteString(piece); piece == "" || b.wrapped {
+	if b.buf.WriteString(tc.Arguments); tc.Arguments == "" || b.wrapped {
 		return nil
 	}
-	return s.frames(s, stepDelta, b, piece)
+	return s.frames(s, stepDelta, b, tc.Arguments)
 }
 
 // openBlock closes the open block and opens b (nil: none). A wrapped call's input (the "input" member of the
@@ -230,9 +224,7 @@ func (s *callerStream) finish(failure *apiError) (err error) {
 		s.rd.finish = finishContentFilter
 	}
 	for i := 0; err == nil && i < len(s.rd.held); i++ {
-		if err = s.call(i+1, s.rd.held[i]); err == nil {
-			err = s.args(i+1, s.rd.held[i].Arguments)
-		}
+		err = s.call(i+1, s.rd.held[i])
 	}
 	if err == nil {
 		err = s.openBlock(nil)

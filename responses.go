@@ -169,7 +169,7 @@ func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part
 		case rp.Type == "input_file" && rp.FileData+rp.FileURL != "":
 			p, err = part{Type: partDocument, URL: rp.FileData + rp.FileURL, Filename: rp.Filename}, checkCallerURL(rp.FileData+rp.FileURL, at)
 		default:
-			return p, "", nil
+			return p, rp.Type, nil
 		}
 		return p, responsesPartMembers[rp.Type], err
 	})
@@ -403,7 +403,7 @@ func (r *streamReader) readResponses(typ string, e rawObject) (keep, end bool, e
 		case it.tool < 0:
 			err = eventWithout(protoOpenAIResponses, typ, "a call item")
 		default:
-			err = r.out.args(it.tool, ev.Delta)
+			err = r.out.call(it.tool, part{Arguments: ev.Delta})
 		}
 		it.streamed = it.streamed || ev.Delta != "" || done // a done item gives nothing again
 	}
@@ -438,20 +438,19 @@ func decodeResponses(body []byte, r *streamReader) error {
 // gives its text or arguments whole.
 func (r *streamReader) item(it *upstreamCall, item *responsesItem, done bool) error {
 	tc, isCall := item.call()
-	if isCall && it.tool < 0 {
-		if item.Name == "" {
-			return eventWithout(protoOpenAIResponses, "a call item", "a name")
-		}
-		it.tool, r.ncalls = r.ncalls, r.ncalls+1
-		if err := r.out.call(it.tool, tc); err != nil {
-			return err
-		}
+	if !done || it.streamed { // it gives no text or arguments
+		tc.Arguments, item.Content = "", nil
 	}
 	switch {
-	case !done || it.streamed || !isCall && item.Type != "message": // reasoning gives nothing
-		return nil
-	case isCall:
-		return r.out.args(it.tool, tc.Arguments)
+	case isCall && it.tool < 0 && item.Name == "":
+		return eventWithout(protoOpenAIResponses, "a call item", "a name")
+	case isCall && it.tool < 0:
+		it.tool, r.ncalls = r.ncalls, r.ncalls+1
+		fallthrough
+	case isCall: // its start, or its arguments whole
+		return r.out.call(it.tool, tc)
+	case item.Type == "message": // reasoning gives nothing
+		return r.delta(&chatMessage{Content: item.Content})
 	}
-	return r.delta(&chatMessage{Content: item.Content})
+	return nil
 }

@@ -43,7 +43,7 @@ func feed(s *callerStream, ev streamEvent) error {
 	case eventToolCallStart:
 		return s.call(ev.Index, callPart(ev.ToolCall))
 	case eventToolCallArgs:
-		return s.args(ev.Index, ev.Text)
+		return s.call(ev.Index, part{Arguments: ev.Text})
 	case eventFinish:
 		s.rd.finish = ev.Finish
 		return s.openBlock(nil)
@@ -66,7 +66,7 @@ func readEvents(protocol string, body io.Reader, each func(streamEvent) error) (
 		}
 		return nil
 	}}
-	err := s.translate(call{res: resolution{Provider: providerInfo{protocol: protocol}}}, body, nil) // the finish and usage follow
+	_, err := s.answer(call{res: resolution{Provider: providerInfo{protocol: protocol}}}, body, nil, true, false) // the finish and usage follow
 	if err == nil {
 		err = each(finish(s.rd.finish))
 	}
