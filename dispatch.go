@@ -52,6 +52,7 @@ type tally struct {
 	attempts      int // provider calls made
 	outcome       string
 	retryable     bool
+	counted       bool // the request reached dispatch: its attempts are logged even at 0 (a replayed answer's)
 	input, output int
 	route         string // the route that answered (a selector's: its candidate)
 	dropped       []string
