@@ -224,9 +224,9 @@ candidates:
 					return asAPIError(err).withAttempts(e.t.attempts)
 				}
 				continue
-			case ref.class == refusalRate || ref.class == refusalQuota:
+			case blockedAs[ref.class] != "":
 				e.blocks = append(e.blocks, e.ledger.block(sub.ID, p.id, ref.retryAfter, ref.sentence))
-				e.note(sub.ID, map[bool]string{true: "rate limited: ", false: "quota exhausted: "}[ref.class == refusalRate]+ref.sentence)
+				e.note(sub.ID, blockedAs[ref.class]+ref.sentence)
 				continue
 			case ref.class == refusalModel && j.selects: // the next candidate may take the request
 				e.rejectedStatus, rejected = ref.err.Status(), true
@@ -335,7 +335,7 @@ func (e *engine) commit(ctx context.Context, j *job, c call, req *callerRequest,
 		}
 	}
 	var se *upstreamStreamError
-	if sub != nil && ae != nil && errors.As(ae, &se) && (se.Class == refusalRate || se.Class == refusalQuota) {
+	if sub != nil && ae != nil && errors.As(ae, &se) && blockedAs[se.Class] != "" {
 		e.ledger.block(sub.ID, p, retryAfter(resp.Header, now), "the provider ended a committed answer with "+se.Code)
 	}
 	if ae = e.settle(ctx, j, c, start, u, ae); ae != nil && streamed {
@@ -429,6 +429,9 @@ func (e *engine) eligible(provider string) ([]overlayItem, error) {
 
 var errSkipSubscription = errors.New("subscription skipped") // no call on it; the walk noted why
 
+// blockedAs notes a refusal class that blocks the subscription refused (SPEC §7.2.4); the others are "".
+var blockedAs = map[string]string{refusalRate: "rate limited: ", refusalQuota: "quota exhausted: "}
+
 // subscriptionCredential is what a call of j on sub presents, an expired grant or one whose access token was just refused
 // refreshed first (SPEC §7.2.3, §11.1). Skipped: a blocked sub when j rotates, one marked since the pool was read unless
 // probed (j.pool), one no header could carry (a vault edited by hand: marked for a sign-in, SPEC §17).
@@ -459,8 +462,9 @@ func (e *engine) subscriptionCredential(ctx context.Context, j *job, sub overlay
 			case err != nil && ctx.Err() != nil: // the caller hung up while it waited: no skip, no call (SPEC §7.4)
 				return upstreamCredential{}, refuse("client_cancelled", "the caller went away during a grant refresh").because(err)
 			case errors.As(err, &re) && !re.Definitive:
-				e.refreshTransport = cmp.Or(e.refreshTransport,
-					refuse("dependency_unavailable", "%s", redact(re.Error())).because(err))
+				if e.refreshTransport == nil { // the first
+					e.refreshTransport = refuse("dependency_unavailable", "%s", redact(re.Error())).because(err)
+				}
 				e.maint.request("credential_refresh_transport_failure", e.agent)
 			}
 			if err != nil {
