@@ -96,10 +96,10 @@ func (e *engine) plan(cl client, req *chatRequest) (call, error) {
 	return call{res: res, cred: upstreamCredential{APIKey: key}}, err
 }
 
-// planChat is plan plus a chat call's output limit (SPEC §6.4), a selector's candidates, and the translation parse if a
-// call crosses formats.
-func (e *engine) planChat(cl client, req *callerRequest) (c call, cands []resolution, err error) {
-	if c, err = e.plan(cl, &req.head); err != nil {
+// planChat is plan plus, but for a oneCall route (SPEC §15), a chat call's output limit (§6.4), a selector's candidates,
+// and the translation parse if a call crosses formats.
+func (e *engine) planChat(cl client, req *callerRequest, oneCall bool) (c call, cands []resolution, err error) {
+	if c, err = e.plan(cl, &req.head); err != nil || oneCall {
 		return c, nil, err
 	}
 	if models := req.body.value("models"); cl.AllowedModels != nil && c.res.Provider.id == "openrouter" && models != nil {

@@ -495,13 +495,9 @@ func (s *server) handleModel(dialect string, oneCall bool) handler {
 		if err != nil {
 			return err
 		}
-		e, c, cands := &engine{core: &s.core, agent: ri.client.AgentID, t: &ri.tally}, call{}, []resolution(nil)
+		e := &engine{core: &s.core, agent: ri.client.AgentID, t: &ri.tally}
 		ri.requestedModel, ri.streamed = req.head.Model, req.head.Stream && !oneCall
-		if oneCall {
-			c, err = e.plan(ri.client, &req.head)
-		} else {
-			c, cands, err = e.planChat(ri.client, req)
-		}
+		c, cands, err := e.planChat(ri.client, req, oneCall)
 		switch ri.routingMode, ri.route = c.res.Mode, c.res.Route; {
 		case err != nil:
 			return err
