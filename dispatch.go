@@ -96,8 +96,8 @@ func (e *engine) plan(cl client, req *chatRequest) (call, error) {
 	return call{res: res, cred: upstreamCredential{APIKey: key}}, err
 }
 
-// planChat is plan plus, but for a oneCall route (SPEC §15), a chat call's output limit (§6.4), a selector's candidates,
-// and the translation parse if a call crosses formats.
+// planChat is plan (all of it for a oneCall route, SPEC §15) plus a chat call's output limit (§6.4), a selector's
+// candidates, and the translation parse if a call crosses formats.
 func (e *engine) planChat(cl client, req *callerRequest, oneCall bool) (c call, cands []resolution, err error) {
 	if c, err = e.plan(cl, &req.head); err != nil || oneCall {
 		return c, nil, err
