@@ -233,10 +233,10 @@ type signedCall struct {
 // serve answers c (SPEC §12), replaying a kept answer or keeping dispatch's; the error is a refusal for the caller to write.
 // After dispatch the reservation is kept (signed) or released (item 3). After a provider call started, a hang-up or panic
 // is kept (499, 500) so the key never spends twice; a retryable refusal, or one before dispatch, is released.
-func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signedCall, dispatch func(http.ResponseWriter)) (replayed bool, err error) {
+func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signedCall, dispatch func(http.ResponseWriter)) error {
 	t, err := a.reserve(c)
 	if err != nil {
-		return false, err
+		return err
 	}
 	if h := w.Header(); t.State == answerComplete { // replayed, with no provider call
 		var env envelope
@@ -251,7 +251,8 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 		}
 		w.WriteHeader(*t.Status)
 		w.Write(t.Body)
-		return true, nil
+		c.t.counted = true
+		return nil
 	}
 	rec, panicked := &httptest.ResponseRecorder{HeaderMap: http.Header{}, Body: new(bytes.Buffer)}, true // Code 0 until written
 	// After a panic too the key is kept or released; the panic goes on (the connection is lost anyway).
@@ -290,7 +291,7 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 	}()
 	dispatch(rec)
 	panicked = false
-	return false, nil
+	return nil
 }
 
 // reserve, the last step before the first provider call (SPEC §12 item 1), returns the key's record: this request's

@@ -52,6 +52,7 @@ type tally struct {
 	attempts      int // provider calls made
 	outcome       string
 	retryable     bool
+	counted       bool // the request reached dispatch: its attempts are logged even at 0 (a replayed answer's)
 	input, output int
 	route         string // the route that answered (a selector's: its candidate)
 	dropped       []string
@@ -95,10 +96,10 @@ func (e *engine) plan(cl client, req *chatRequest) (call, error) {
 	return call{res: res, cred: upstreamCredential{APIKey: key}}, err
 }
 
-// planChat is plan plus a chat call's output limit (SPEC §6.4), a selector's candidates, and the translation parse if a
-// call crosses formats.
-func (e *engine) planChat(cl client, req *callerRequest) (c call, cands []resolution, err error) {
-	if c, err = e.plan(cl, &req.head); err != nil {
+// planChat is plan (all of it for a oneCall route, SPEC §15) plus a chat call's output limit (§6.4), a selector's
+// candidates, and the translation parse if a call crosses formats.
+func (e *engine) planChat(cl client, req *callerRequest, oneCall bool) (c call, cands []resolution, err error) {
+	if c, err = e.plan(cl, &req.head); err != nil || oneCall {
 		return c, nil, err
 	}
 	if models := req.body.value("models"); cl.AllowedModels != nil && c.res.Provider.id == "openrouter" && models != nil {
@@ -223,9 +224,9 @@ candidates:
 					return asAPIError(err).withAttempts(e.t.attempts)
 				}
 				continue
-			case ref.class == refusalRate || ref.class == refusalQuota:
+			case blockedAs[ref.class] != "":
 				e.blocks = append(e.blocks, e.ledger.block(sub.ID, p.id, ref.retryAfter, ref.sentence))
-				e.note(sub.ID, map[bool]string{true: "rate limited: ", false: "quota exhausted: "}[ref.class == refusalRate]+ref.sentence)
+				e.note(sub.ID, blockedAs[ref.class]+ref.sentence)
 				continue
 			case ref.class == refusalModel && j.selects: // the next candidate may take the request
 				e.rejectedStatus, rejected = ref.err.Status(), true
@@ -334,7 +335,7 @@ func (e *engine) commit(ctx context.Context, j *job, c call, req *callerRequest,
 		}
 	}
 	var se *upstreamStreamError
-	if sub != nil && ae != nil && errors.As(ae, &se) && (se.Class == refusalRate || se.Class == refusalQuota) {
+	if sub != nil && ae != nil && errors.As(ae, &se) && blockedAs[se.Class] != "" {
 		e.ledger.block(sub.ID, p, retryAfter(resp.Header, now), "the provider ended a committed answer with "+se.Code)
 	}
 	if ae = e.settle(ctx, j, c, start, u, ae); ae != nil && streamed {
@@ -428,6 +429,9 @@ func (e *engine) eligible(provider string) ([]overlayItem, error) {
 
 var errSkipSubscription = errors.New("subscription skipped") // no call on it; the walk noted why
 
+// blockedAs notes a refusal class that blocks the subscription refused (SPEC §7.2.4); the others are "".
+var blockedAs = map[string]string{refusalRate: "rate limited: ", refusalQuota: "quota exhausted: "}
+
 // subscriptionCredential is what a call of j on sub presents, an expired grant or one whose access token was just refused
 // refreshed first (SPEC §7.2.3, §11.1). Skipped: a blocked sub when j rotates, one marked since the pool was read unless
 // probed (j.pool), one no header could carry (a vault edited by hand: marked for a sign-in, SPEC §17).
@@ -458,8 +462,9 @@ func (e *engine) subscriptionCredential(ctx context.Context, j *job, sub overlay
 			case err != nil && ctx.Err() != nil: // the caller hung up while it waited: no skip, no call (SPEC §7.4)
 				return upstreamCredential{}, refuse("client_cancelled", "the caller went away during a grant refresh").because(err)
 			case errors.As(err, &re) && !re.Definitive:
-				e.refreshTransport = cmp.Or(e.refreshTransport,
-					refuse("dependency_unavailable", "%s", redact(re.Error())).because(err))
+				if e.refreshTransport == nil { // the first
+					e.refreshTransport = refuse("dependency_unavailable", "%s", redact(re.Error())).because(err)
+				}
 				e.maint.request("credential_refresh_transport_failure", e.agent)
 			}
 			if err != nil {

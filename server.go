@@ -198,7 +198,7 @@ type requestInfo struct {
 	client                      client
 	routingMode, requestedModel string
 	status                      int
-	streamed, counted, broken   bool   // counted: the attempts key is logged even at 0, the request reached dispatch
+	streamed, broken            bool
 	body                        []byte // the raw request body, read once by caller (nil: not yet)
 }
 
@@ -495,13 +495,9 @@ func (s *server) handleModel(dialect string, oneCall bool) handler {
 		if err != nil {
 			return err
 		}
-		e, c, cands := &engine{core: &s.core, agent: ri.client.AgentID, t: &ri.tally}, call{}, []resolution(nil)
+		e := &engine{core: &s.core, agent: ri.client.AgentID, t: &ri.tally}
 		ri.requestedModel, ri.streamed = req.head.Model, req.head.Stream && !oneCall
-		if oneCall {
-			c, err = e.plan(ri.client, &req.head)
-		} else {
-			c, cands, err = e.planChat(ri.client, req)
-		}
+		c, cands, err := e.planChat(ri.client, req, oneCall)
 		switch ri.routingMode, ri.route = c.res.Mode, c.res.Route; {
 		case err != nil:
 			return err
@@ -519,10 +515,8 @@ func (s *server) handleModel(dialect string, oneCall bool) handler {
 		// SPEC §12: a signed answer reserves its key only now, after plan's checks; an empty value is refused.
 		if keys, asked := r.Header["Idempotency-Key"]; asked {
 			e.t.remember = func(*apiError, int, bool, bool) {} // its kept answer is its guard
-			replayed, err := s.answers.serve(r.Context(), w, signedCall{client: ri.client.ID, route: ri.route, keys: keys,
+			return s.answers.serve(r.Context(), w, signedCall{client: ri.client.ID, route: ri.route, keys: keys,
 				stream: req.head.Stream, body: ri.body, t: &ri.tally, req: r}, route)
-			ri.counted = ri.counted || replayed
-			return err
 		}
 		ae, remember := s.replay.check(ri.client.ID, ri.client.AgentID, r.Header, req.body, c, cands)
 		if ae != nil { // SPEC §8.1
