@@ -174,10 +174,9 @@ func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 	l := &ledger{changed: make(chan struct{}, 1), persisted: persisted[ledgerEntry]{sys: sys{log, now}, every: ledgerWriteEvery,
 		afterFunc: afterFunc, logAs: [2]string{"ledger_unplaced", "ledger_write_failed"}, entries: map[string]ledgerEntry{},
 		doc: func(m map[string]ledgerEntry, _ time.Time) any { return ledgerDoc{1, m} }, name: f.path, pathErr: f.pathErr}}
-	switch entries, _, err := f.read(); {
-	case err == nil:
-		maps.Copy(l.entries, entries) // "subscriptions" null or absent: none
-	case f.pathErr == nil: // else err is pathErr
+	entries, _, err := f.read()
+	maps.Copy(l.entries, entries)       // none when err; "subscriptions" null or absent: none
+	if err != nil && f.pathErr == nil { // else err is pathErr
 		l.unreadable, l.name = err, "" // never written
 		log.Error("ledger_unreadable", "file", f.path, "cause", err.Error())
 	}
