@@ -107,6 +107,11 @@ func TestSignedAnswerOneSpend(t *testing.T) {
 			got.hdr.Get("Brama-Route") == "" || got.hdr.Get("Brama-Route") != first.hdr.Get("Brama-Route") {
 			t.Errorf("replay headers: %v (the first answer's Brama-Route %q)", got.hdr, first.hdr.Get("Brama-Route"))
 		}
+		id := got.hdr.Get("X-Request-Id") // the log line says what Brama-Attempts said: 0, the key present
+		d.stderr.waitFor(t, `"msg":"request","request_id":"`+id)
+		if line := requestLine(t, d.stderr.String(), "request_id", id); line["attempts"] != 0.0 {
+			t.Errorf("a replay's log line: attempts %v, want 0 (the key present)", line["attempts"])
+		}
 	}
 	if n := fake.calls.Load(); n != 1 {
 		t.Errorf("provider calls = %d, want 1", n)
