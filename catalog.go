@@ -128,9 +128,7 @@ func (c *catalog) start(ctx context.Context, wg *sync.WaitGroup) {
 // after its requests ended, so no read is added to wg while it is waited on. A good read is kept in the cache too.
 func (c *catalog) readLocked() {
 	c.refreshing = true
-	c.wg.Add(1)
-	go func() {
-		defer c.wg.Done()
+	c.wg.Go(func() {
 		status, b, err := callEndpoint(c.ctx, c.client, http.MethodGet, c.url, nil, nil)
 		if err == nil && status/100 != 2 {
 			err = fmt.Errorf("HTTP status %d", status)
@@ -146,7 +144,7 @@ func (c *catalog) readLocked() {
 				c.log.Warn("model_metadata_cache_write_failed", "cause", err.Error())
 			}
 		}
-	}()
+	})
 }
 
 // settleLocked records a read that ended now: a good one replaces memory, a failed one keeps it; either waits one TTL.

@@ -168,7 +168,7 @@ candidates:
 				continue
 			}
 			if j.selects {
-				creq = ptrTo(*req) // its own output limit
+				creq = new(*req) // its own output limit
 				if err = e.applyMaxTokens(&creq.head, res); err != nil {
 					unfit = asAPIError(err)
 					e.note(res.Route, "skipped: "+unfit.Message)

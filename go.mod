@@ -1,5 +1,5 @@
 module brama
 
-go 1.24
+go 1.26
 
 require github.com/google/go-cmp v0.7.0

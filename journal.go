@@ -486,11 +486,9 @@ type envelope struct {
 // asAPIError classifies an error: nil as nil, an apiError as itself, no state directory as dependency_unavailable, else
 // internal_error.
 func asAPIError(err error) *apiError {
-	var ae *apiError
+	ae, ok := errors.AsType[*apiError](err)
 	switch {
-	case err == nil:
-		return nil
-	case errors.As(err, &ae):
+	case err == nil || ok:
 		return ae
 	case errors.Is(err, errNoState):
 		return refuse("dependency_unavailable", "%s", err.Error()).because(err)

@@ -73,9 +73,7 @@ func (m *maintainer) run(ctx context.Context, wg *sync.WaitGroup) {
 	m.looping = true
 	m.want("", "start")
 	m.mu.Unlock()
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		for ctx.Err() == nil {
 			if !m.loopOnce(ctx, m.o.now()) { // true: a pass asked for meanwhile runs next
 				select { // a requested pass, the due timer or a ledger change nudges m.o.ledger.changed
@@ -93,7 +91,7 @@ func (m *maintainer) run(ctx context.Context, wg *sync.WaitGroup) {
 			t.rep.err = errMaintenanceStopped
 			close(t.done)
 		}
-	}()
+	})
 }
 
 // loopOnce, at now, runs the pending pass (true): over everyone, else over one agent's subscriptions, or else arms the one timer
@@ -281,7 +279,7 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) (rep passReport
 	}
 	rep.OK = err == nil && len(rep.Usage.Failed) == 0 && rep.Credentials.Refused == 0
 	if due := m.o.ledger.nextDue(m.o.now(), retired); !due.IsZero() {
-		rep.NextDueAt = ptrTo(due.UTC().Format(time.RFC3339))
+		rep.NextDueAt = new(due.UTC().Format(time.RFC3339))
 	}
 	if rep.err = err; err != nil {
 		m.o.log.Warn("maintenance_pass_failed", "cause", redact(err.Error()))
@@ -301,13 +299,11 @@ func sideBySide(ctx context.Context, subs []*passSub, key func(*passSub) string,
 	}
 	var wg sync.WaitGroup
 	for _, ss := range groups {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for _, s := range ss {
 				step(ctx, s)
 			}
-		}()
+		})
 	}
 	wg.Wait()
 }

@@ -139,7 +139,7 @@ func parseMessages(cr *callerRequest) (chatRequest, error) {
 			err = cmp.Or(err, error(refuse("invalid_request", `tool_choice.type must be auto, any or none, or tool with a name`)))
 		}
 		if p := tc.DisableParallelToolUse; p != nil {
-			req.ParallelToolCalls = ptrTo(!*p)
+			req.ParallelToolCalls = new(!*p)
 		}
 	}
 	if len(b.StopSequences) > 0 { // [] asks for nothing
@@ -316,7 +316,7 @@ func encodeMessages(req *chatRequest, c call, h http.Header) ([]byte, error) {
 	serial := req.ParallelToolCalls != nil && !*req.ParallelToolCalls && len(req.Tools) > 0
 	if c := valueOr(req.ToolChoice, toolChoice{Mode: toolChoiceAuto}); req.ToolChoice != nil || serial {
 		out.ToolChoice = &messagesOption{Type: strings.Replace(c.Mode, toolChoiceRequired, "any", 1), Name: c.Name,
-			DisableParallelToolUse: ifSet(ptrTo(true), serial && c.Mode != toolChoiceNone)}
+			DisableParallelToolUse: ifSet(new(true), serial && c.Mode != toolChoiceNone)}
 	}
 	if f := req.Output; f != nil {
 		if f.Type != "json_schema" {
@@ -354,7 +354,7 @@ func decodeMessages(body []byte, rd *streamReader) error {
 		if err == nil && b.Type == "tool_use" && !rawIsNull(b.Input) {
 			var in bytes.Buffer
 			json.Compact(&in, b.Input) // cannot fail: Input came out of the decoded body
-			err = rd.readBlock("content_block_delta", i, nil, &messagesBlock{Type: "input_json_delta", PartialJSON: ptrTo(in.String())})
+			err = rd.readBlock("content_block_delta", i, nil, &messagesBlock{Type: "input_json_delta", PartialJSON: new(in.String())})
 		}
 		if err = cmp.Or(err, rd.readBlock("content_block_stop", i, nil, nil)); err != nil {
 			return err
@@ -381,7 +381,7 @@ func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string)
 			Content: []messagesBlock{}, Usage: &messagesUsage{}} // usage even unreported: the SDKs require it
 		ev.Message, s.whole = m, m
 	case step == stepOpen:
-		cb := messagesBlock{Type: "text", Text: ptrTo("")}
+		cb := messagesBlock{Type: "text", Text: new("")}
 		if !b.text {
 			cb = messagesBlock{Type: "tool_use", ID: cmp.Or(b.id, newAnswerID("toolu_")), Name: b.name, Input: json.RawMessage(`{}`)}
 		}
@@ -400,7 +400,7 @@ func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string)
 		}
 		m.Content[b.pos].Input = in
 	case step == stepEnd: // message_delta and message_stop (a write error sticks: the second writes nothing)
-		m.StopReason = ptrTo(cmp.Or(messagesStopReasons[s.rd.finish], "end_turn"))
+		m.StopReason = new(cmp.Or(messagesStopReasons[s.rd.finish], "end_turn"))
 		m.Usage = &messagesUsage{InputTokens: s.rd.usage.InputTokens, OutputTokens: s.rd.usage.OutputTokens}
 		ev.Delta, ev.Usage = &messagesBlock{StopReason: *m.StopReason, StopSequence: json.RawMessage("null")}, m.Usage
 		return cmp.Or(s.frame(ev.Type, ev), s.frame("message_stop", messagesEvent{Type: "message_stop"}))

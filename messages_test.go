@@ -72,7 +72,7 @@ func TestParseMessages(t *testing.T) {
 		{
 			name: "tool_choice kinds",
 			body: `{"model":"m","messages":[{"role":"user","content":"q"}],"tool_choice":{"type":"tool","name":"f","disable_parallel_tool_use":true}}`,
-			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")}, ToolChoice: &toolChoice{Mode: toolChoiceTool, Name: "f"}, ParallelToolCalls: ptrTo(false)},
+			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")}, ToolChoice: &toolChoice{Mode: toolChoiceTool, Name: "f"}, ParallelToolCalls: new(false)},
 		},
 		{
 			name: "tool_choice none",
@@ -302,8 +302,8 @@ func TestDecodeMessagesBlockOrder(t *testing.T) {
 	if _, err := s.answer(call{res: resolution{Provider: providerInfo{protocol: protoAnthropic}}}, nil, []byte(body), true, false); err != nil {
 		t.Fatal(err)
 	}
-	want := []messagesBlock{{Type: "text", Text: ptrTo("a")},
-		{Type: "tool_use", ID: "toolu_1", Name: "f", Input: json.RawMessage(`{"x":1}`)}, {Type: "text", Text: ptrTo("b")}}
+	want := []messagesBlock{{Type: "text", Text: new("a")},
+		{Type: "tool_use", ID: "toolu_1", Name: "f", Input: json.RawMessage(`{"x":1}`)}, {Type: "text", Text: new("b")}}
 	if diff := cmp.Diff(want, s.whole.(*messagesAnswer).Content); diff != "" {
 		t.Errorf("content mismatch (-want +got):\n%s", diff)
 	}

@@ -87,15 +87,13 @@ func (o *oauthClient) refresh(ctx context.Context, id, provider, refusedAccessTo
 	if !ok && o.inflight != nil {
 		c = &refreshCall{done: make(chan struct{})}
 		o.inflight[id] = c
-		o.wg.Add(1)
-		go func() { // exits when the token call ends or shutdown cuts it; callers wait on c.done
-			defer o.wg.Done()
+		o.wg.Go(func() { // exits when the token call ends or shutdown cuts it; callers wait on c.done
 			c.grant, c.err = o.refreshOnce(o.flights, id, provider, refusedAccessToken)
 			o.mu.Lock()
 			delete(o.inflight, id)
 			o.mu.Unlock()
 			close(c.done)
-		}()
+		})
 	}
 	o.mu.Unlock()
 	if c == nil {

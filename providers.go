@@ -224,7 +224,7 @@ func codexInstructions(instructions, input json.RawMessage) []byte {
 func setProviderHeaders(h http.Header, p providerInfo, cred upstreamCredential, caller http.Header, stream bool) {
 	if named := caller.Values("Connection"); len(named) > 0 { // hop-by-hop fields (RFC 9110 §7.6.1)
 		caller = caller.Clone()
-		for _, f := range strings.Split(strings.Join(named, ","), ",") {
+		for f := range strings.SplitSeq(strings.Join(named, ","), ",") {
 			caller.Del(strings.TrimSpace(f))
 		}
 	}
@@ -236,7 +236,7 @@ func setProviderHeaders(h http.Header, p providerInfo, cred upstreamCredential, 
 		}
 	}
 	var beta []string // the caller's tokens and p's, in order, each once
-	for _, t := range strings.Split(strings.Join(caller.Values(betaName), ",")+","+need, ",") {
+	for t := range strings.SplitSeq(strings.Join(caller.Values(betaName), ",")+","+need, ",") {
 		if t = strings.TrimSpace(t); t != "" && !slices.Contains(beta, t) {
 			beta = append(beta, t)
 		}

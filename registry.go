@@ -259,7 +259,7 @@ type registry struct {
 
 func newRegistry(path string, pathErr error, j *journal, log *slog.Logger) *registry {
 	return &registry{j: j, log: log, stateFile: stateFile[*routesDoc]{role: registryRole, path: path, pathErr: pathErr,
-		parse: parseRegistry, memory: ptrTo(emptyRoutesDoc())}} // no state directory: an empty registry
+		parse: parseRegistry, memory: new(emptyRoutesDoc())}} // no state directory: an empty registry
 }
 
 // current returns the shared document; each distinct failure is logged once.
@@ -524,7 +524,7 @@ func ensureFirstClient(c *clientStore, stderr io.Writer) error {
 	tok := newToken()
 	local, kept, created := client{ID: "local", TokenSHA256: hexSHA256([]byte(tok)), Role: roleAdmin}, "", c.pathErr != nil
 	if created {
-		c.memory = ptrTo(&clientsDoc{Clients: []client{local}})
+		c.memory = new(&clientsDoc{Clients: []client{local}})
 		kept = fmt.Sprintf(" for this process only (not kept: %v)", c.pathErr)
 	} else if doc, err := c.load(); err != nil || doc.Clients != nil {
 		return err // a clients file, or one that must be repaired before serving

@@ -221,7 +221,7 @@ func encodeResponses(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 	tools := slices.Clone(req.Tools) // a namespaced tool goes flattened: no provider sees a group
 	for i, t := range tools {
 		if t.Type == toolFunction {
-			tools[i].Strict, tools[i].Parameters = cmp.Or(t.Strict, ptrTo(false)), orEmptySchema(t.Parameters)
+			tools[i].Strict, tools[i].Parameters = cmp.Or(t.Strict, new(false)), orEmptySchema(t.Parameters)
 		}
 	}
 	out.Tools, out.ToolChoice = jsonArray(tools), req.openAIToolChoice(false)
@@ -257,9 +257,9 @@ func responsesContent(ps []part, assistant bool) []responsesPart {
 	for _, p := range ps {
 		switch {
 		case p.Type == partText && p.Text != "":
-			out = append(out, responsesPart{Type: map[bool]string{false: "input_text", true: "output_text"}[assistant], Text: ptrTo(p.Text)})
+			out = append(out, responsesPart{Type: map[bool]string{false: "input_text", true: "output_text"}[assistant], Text: new(p.Text)})
 		case p.Type == partImage:
-			out = append(out, responsesPart{Type: "input_image", ImageURL: ptrTo(p.URL), Detail: p.Detail})
+			out = append(out, responsesPart{Type: "input_image", ImageURL: new(p.URL), Detail: p.Detail})
 		case p.Type == partDocument && strings.HasPrefix(p.URL, "data:"):
 			out = append(out, responsesPart{Type: "input_file", FileData: p.URL, Filename: p.Filename})
 		case p.Type == partDocument:
@@ -293,7 +293,7 @@ func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string
 		}
 		it.ID, it.Status, s.resp.Output = newAnswerID(it.ID), "in_progress", append(s.resp.Output, it)
 		return s.emit(b, responsesEvent{Type: "response.output_item.added", Item: it},
-			responsesEvent{Type: "response.content_part.added", Part: ptrTo(outputText(""))})
+			responsesEvent{Type: "response.content_part.added", Part: new(outputText(""))})
 	case stepDelta: // an item already done (a provider interleaving calls) gets its final input updated
 		it := s.resp.Output[b.pos]
 		if it.Status == "completed" {
@@ -305,7 +305,7 @@ func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string
 		it.Status = "completed"
 		it.fill(d)
 		done := responsesEvent{Type: responsesEvents[it.Type][1], Text: ifSet(&d, b.text), Arguments: it.Arguments, Input: it.Input}
-		return s.emit(b, done, responsesEvent{Type: "response.content_part.done", Part: ptrTo(outputText(d))},
+		return s.emit(b, done, responsesEvent{Type: "response.content_part.done", Part: new(outputText(d))},
 			responsesEvent{Type: "response.output_item.done", Item: it})
 	case stepEnd: // "incomplete" with a reason as OpenAI reports it (SPEC §7.5): SDK stream helpers wait for this event
 		s.resp.Status = "completed"

@@ -47,7 +47,7 @@ func TestParseResponses(t *testing.T) {
 				"tools":[{"type":"function","name":"get_weather","description":"Weather","parameters":{"type":"object"},"strict":true}],
 				"tool_choice":"auto"}`,
 			want: chatRequest{Model: "m",
-				Tools:      []tool{{Type: toolFunction, Name: "get_weather", Description: "Weather", Parameters: json.RawMessage(`{"type":"object"}`), Strict: ptrTo(true)}},
+				Tools:      []tool{{Type: toolFunction, Name: "get_weather", Description: "Weather", Parameters: json.RawMessage(`{"type":"object"}`), Strict: new(true)}},
 				ToolChoice: &toolChoice{Mode: toolChoiceAuto},
 				Messages: []message{
 					dialectUserText("weather?"),

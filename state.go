@@ -423,8 +423,6 @@ func (v *vault) writeUnwritten(log *slog.Logger) {
 
 func jsonText(s string) json.RawMessage { return must(json.Marshal(s)) }
 
-func ptrTo[T any](v T) *T { return &v }
-
 func valueOr[T any](p *T, or T) T {
 	if p == nil {
 		return or

@@ -83,7 +83,7 @@ func checkCredential(provider string, cred vaultCredential) (vaultCredential, er
 		return cred, refuse("invalid_request", "%s", err)
 	}
 	if !isKey {
-		cred.OAuth = ptrTo(fillGrant(provider, *g))
+		cred.OAuth = new(fillGrant(provider, *g))
 	}
 	return cred, nil
 }
@@ -165,7 +165,7 @@ func (inv *inventory) credential(id string) (vaultCredential, error) {
 	if c.APIKey == "" && c.OAuth == nil {
 		return c, refuse("credential_unauthorized", "the vault holds no credential for subscription %q", id)
 	} else if c.OAuth != nil {
-		c.OAuth = ptrTo(*c.OAuth) // doc is the vault's shared cache
+		c.OAuth = new(*c.OAuth) // doc is the vault's shared cache
 	}
 	return c, nil
 }
