@@ -159,10 +159,7 @@ func (j *journal) size() (int64, error) {
 	j.mu.Lock()
 	broken := j.broken
 	j.mu.Unlock()
-	if j.name == "" {
-		return 0, broken
-	}
-	_, id, err := guardFile("journal", j.name, false)
+	_, id, err := guardFile("journal", j.name, false) // name "" (no state directory): absent, and broken says why
 	if errors.Is(err, errFileAbsent) {
 		err = nil
 	}
@@ -313,8 +310,7 @@ func decodeStrict(role string, b []byte, v any) error {
 	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", role, err)
-	}
-	if d, ok := v.(validator); ok {
+	} else if d, ok := v.(validator); ok {
 		return d.validate()
 	}
 	return nil
@@ -486,11 +482,9 @@ type envelope struct {
 // asAPIError classifies an error: nil as nil, an apiError as itself, no state directory as dependency_unavailable, else
 // internal_error.
 func asAPIError(err error) *apiError {
-	ae, ok := errors.AsType[*apiError](err)
-	switch {
-	case err == nil || ok:
+	if ae, ok := errors.AsType[*apiError](err); err == nil || ok {
 		return ae
-	case errors.Is(err, errNoState):
+	} else if errors.Is(err, errNoState) {
 		return refuse("dependency_unavailable", "%s", err.Error()).because(err)
 	}
 	return refuse("internal_error", "internal error").because(err)

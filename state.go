@@ -56,14 +56,13 @@ func (s state) path(what, file string) (string, error) {
 }
 
 func (s state) fileOrState(getenv func(string) string, env, what, file string) (string, error) {
-	p := strings.TrimSpace(getenv(env))
-	switch {
-	case p == "":
-		return s.path(what, file)
-	case !filepath.IsAbs(p):
-		return "", fmt.Errorf("%s has %w: %s %q is not an absolute path", what, errNoState, env, p)
+	switch p := strings.TrimSpace(getenv(env)); {
+	case filepath.IsAbs(p):
+		return p, nil
+	case p != "": // the same refusal as a relative state directory's
+		s = state{cause: fmt.Errorf("%s %q is not an absolute path", env, p)}
 	}
-	return p, nil
+	return s.path(what, file)
 }
 
 // envWhole reads name as a whole number of unit ≥ least in bits: unset is def, a bad value def and an error.
