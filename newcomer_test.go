@@ -272,7 +272,7 @@ func TestDeploymentsCLI(t *testing.T) {
 		{[]string{"add", "noport"}, 1, `endpoint port 0 is not a port`},
 		{[]string{"add", "Bad Name", "-port", "1"}, 1, `a deployment name must match`},
 		{[]string{"add"}, 2, `brama deployments add: want NAME -port PORT`},
-		{[]string{"rm", "qwen-local"}, 1, `registry route "cheap": destination "qwen-local" names no deployment or adapter`},
+		{[]string{"rm", "qwen-local"}, 1, `registry route "cheap": destination "qwen-local" names 0 deployments or adapters; a bare name must name exactly one`},
 		{[]string{"rm", "ghost"}, 1, `no deployment "ghost" is declared`},
 	} {
 		if _, errOut, code := runCLI(t, env, "", append([]string{"deployments"}, tc.args...)...); code != tc.code || !strings.Contains(errOut, tc.want) {

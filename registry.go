@@ -166,8 +166,7 @@ func (doc *routesDoc) validate() error {
 			{canonical && model == "", "registry route %[1]q: destination %[2]q is not a canonical route: the model is empty"},
 			{alias == modeBest && (dest == modeBest || local || provider == "local-openai"), // best is paid by subscriptions
 				"registry route %[1]q must name a canonical route of a subscription-capable provider, not %[2]q"},
-			{local && n == 0, "registry route %[1]q: destination %[2]q names no deployment or adapter"},
-			{local && n > 1, "registry route %[1]q: destination %[2]q names %[3]d deployments or adapters; a bare name must name exactly one"},
+			{local && n != 1, "registry route %[1]q: destination %[2]q names %[3]d deployments or adapters; a bare name must name exactly one"},
 		}, clipName(alias), truncateUTF8(dest, maxDestinationBytes), n))
 	}
 	return cmp.Or(errs...)

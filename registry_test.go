@@ -334,7 +334,7 @@ func TestRegistryWriteRefusals(t *testing.T) {
 		{name: "unknown provider", do: func(r *registry) (*routesDoc, error) { return r.set("a", ptr("nosuch/model"), "cli") },
 			code: "invalid_request", msg: `Provider "nosuch" is not one Brama knows`},
 		{name: "bare name matching no deployment", file: regDoc(`{}`), do: func(r *registry) (*routesDoc, error) { return r.set("a", ptr("llama"), "cli") },
-			code: "invalid_request", msg: `"llama" names no deployment or adapter`},
+			code: "invalid_request", msg: `"llama" names 0 deployments or adapters; a bare name must name exactly one`},
 		{name: "local-openai naming no deployment", file: regDoc(`{}`), do: func(r *registry) (*routesDoc, error) { return r.set("a", ptr("local-openai/llama"), "cli") },
 			code: "invalid_request", msg: `No single deployment or adapter named "llama"`},
 		{name: "best to best", do: func(r *registry) (*routesDoc, error) { return r.set("best", ptr("best"), "cli") },
@@ -701,7 +701,7 @@ func TestParseRegistry(t *testing.T) {
 			wantErr: `mmm" is not 1-512 bytes`},
 		{name: "destination bad provider", in: regDoc(`{"a":"OpenAI/x"}`), wantErr: `route "a": destination "OpenAI/x" is not a canonical route`},
 		{name: "destination empty model", in: regDoc(`{"a":"openai/"}`), wantErr: `route "a": destination "openai/" is not a canonical route: the model is empty`},
-		{name: "bare name matching nothing", in: regDoc(`{"a":"llama"}`), wantErr: `route "a": destination "llama" names no deployment or adapter`},
+		{name: "bare name matching nothing", in: regDoc(`{"a":"llama"}`), wantErr: `route "a": destination "llama" names 0 deployments or adapters; a bare name must name exactly one`},
 		{name: "bare name matching two", in: `{"deployments":[{"name":"x","endpoint":{"host":"127.0.0.1","port":1}},{"name":"y","endpoint":{"host":"127.0.0.1","port":2},"adapters":[{"name":"x"}]}],"routes":{"a":"x"}}`, wantErr: `route "a": destination "x" names 2 deployments or adapters`},
 	}
 	for _, tt := range tests {
