@@ -246,7 +246,7 @@ func readTokenAnswer(endpoint string, status int, body []byte, readErr error, se
 		Expires number          `json:"expires_in"` // a number, or a string holding one
 		Err     json.RawMessage `json:"error"`      // a string, or {"type","code","message"}
 	}
-	err := json.Unmarshal(body, &raw)
+	json.Unmarshal(body, &raw) // anything but a JSON object fills nothing; a member of another type is absent
 	ans := raw.tokenAnswer
 	if f := raw.Expires.v; f >= 1 && f <= 100*365*24*3600 { // more is unusable, not an overflow
 		ans.ExpiresIn = int64(f)
@@ -264,14 +264,12 @@ func readTokenAnswer(endpoint string, status int, body []byte, readErr error, se
 	switch {
 	case readErr != nil:
 		return tokenAnswer{}, re
-	case !strings.HasPrefix(strings.TrimSpace(string(body)), "{") || err != nil && !errors.As(err, new(*json.UnmarshalTypeError)):
-		ans, re.Err = tokenAnswer{}, fmt.Errorf("%w: not a JSON object", errTokenMalformed)
 	case ans.Error != "" && oauthErrorCode.MatchString(ans.Error):
 		re.Err = fmt.Errorf("%w: %s", errTokenRefused, quote(ans.Error))
 	case ans.Error != "":
 		re.Err = errTokenRefused
 	case status/100 != 2 || ans.AccessToken == "" || controlAt(ans.AccessToken) >= 0: // no header carries it (SPEC §17)
-		re.Err = fmt.Errorf("%w: no access_token in a 2xx answer, or one holding a control character", errTokenMalformed)
+		re.Err = fmt.Errorf("%w: no 2xx JSON object with an access_token free of control characters", errTokenMalformed)
 	default:
 		return ans, nil
 	}

@@ -325,18 +325,16 @@ func classifyRefusal(p providerInfo, status int, header http.Header, body []byte
 	return r
 }
 
-type errorFields struct{ typ, code, msg string }
-
 // errorObject reads {"type","code","message"}, code maybe a number (OpenRouter's status); a string is only a message.
-func errorObject(raw json.RawMessage) (errorFields, bool) {
+func errorObject(raw json.RawMessage) (f struct{ typ, code, msg string }, isObject bool) {
 	var e struct{ Type, Code, Message json.RawMessage }
-	if s, _ := jsonString(raw); len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &e) != nil {
-		return errorFields{msg: s}, false
+	if f.msg, _ = jsonString(raw); len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &e) != nil {
+		return f, false
 	}
-	typ, _ := jsonString(e.Type)
-	code, _ := jsonScalar(e.Code)
-	msg, _ := jsonString(e.Message)
-	return errorFields{typ, code, msg}, true
+	f.typ, _ = jsonString(e.Type)
+	f.code, _ = jsonScalar(e.Code)
+	f.msg, _ = jsonString(e.Message)
+	return f, true
 }
 
 // jsonString decodes raw when it is a JSON string; jsonScalar also a number, as text.
