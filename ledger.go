@@ -447,18 +447,11 @@ func epochMs(f float64) int64 {
 
 // windowLabel names a window of mins minutes in whole days, hours or minutes ("5 hours"), else fallback.
 func windowLabel(mins float64, fallback string) string {
-	if !(mins >= 1) || mins >= planMaxResetSeconds || mins != math.Trunc(mins) {
-		return fallback
+	units := [...]string{"day", "hour", "minute"}
+	for i, per := range [...]int64{24 * 60, 60, 1} {
+		if n := int64(mins); mins >= 1 && mins < planMaxResetSeconds && mins == math.Trunc(mins) && n%per == 0 {
+			return strconv.FormatInt(n/per, 10) + " " + units[i] + strings.Repeat("s", boolCount(n != per))
+		}
 	}
-	n, unit := int64(mins), "minute"
-	switch {
-	case n%(24*60) == 0:
-		n, unit = n/(24*60), "day"
-	case n%60 == 0:
-		n, unit = n/60, "hour"
-	}
-	if n != 1 {
-		unit += "s"
-	}
-	return strconv.FormatInt(n, 10) + " " + unit
+	return fallback
 }

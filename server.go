@@ -150,8 +150,7 @@ func (s *server) routes() {
 			if s.credentialChanged(it); err != nil {
 				return nil, err
 			}
-			return map[string]donatedSubscription{"subscription": {ID: it.ID, Provider: it.Provider, AgentID: it.AgentID,
-				Label: it.Label, Status: "active"}}, nil
+			return map[string]donatedSubscription{"subscription": {overlayItem: it, Status: "active"}}, nil
 		}))
 		handle("DELETE "+p+"/{subscription_id}", setRetired)
 	}

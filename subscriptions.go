@@ -197,13 +197,11 @@ type donation struct {
 	OAuth    *oauthGrant `json:"oauth"`
 }
 
-// donatedSubscription is the 201 answer: metadata only, never the secret.
+// donatedSubscription is the 201 answer: the item's metadata, never the secret; the empty CreatedAt hides the item's.
 type donatedSubscription struct {
-	ID       string `json:"id"`
-	Provider string `json:"provider"`
-	AgentID  string `json:"agent_id"`
-	Label    string `json:"label"`
-	Status   string `json:"status"`
+	overlayItem
+	CreatedAt string `json:"created_at,omitempty"`
+	Status    string `json:"status"`
 }
 
 // store is the one credential write (SPEC §10.1): an item without an ID is a donation under a fresh id, one with
@@ -213,9 +211,8 @@ type donatedSubscription struct {
 // first when the journal cannot record it, and journaled (SPEC §11.1), logged at Warn unless stored and journaled.
 func (inv *inventory) store(it overlayItem, cred vaultCredential, by string) (overlayItem, error) {
 	fresh := it.ID == ""
-	if fresh {
-		rnd := make([]byte, 8)
-		rand.Read(rnd)
+	if rnd := [8]byte{}; fresh {
+		rand.Read(rnd[:])
 		it.ID, it.CreatedAt = fmt.Sprintf("sub_%x", rnd), inv.now().UTC().Format(journalTimeFormat)
 	}
 	if err := checkItem(it, nil); fresh && err != nil {
