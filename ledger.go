@@ -17,8 +17,7 @@ import (
 )
 
 const (
-	ledgerFile       = "ledger.json"
-	ledgerWriteEvery = time.Second // SPEC §10.3: coalesced changes are written at most once per second
+	ledgerFile = "ledger.json"
 	// Credential states (SPEC §10.3); credDisabled is shown for retired rows, never stored.
 	credActive, credNeedsReauth, credDisabled = "active", "needs_reauthorization", "disabled"
 	// Where a plan window's reading came from: an answer's headers (SPEC §6.3) or a usage report (§11.2).
@@ -171,7 +170,7 @@ type ledger struct {
 func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 	f := stateFile[map[string]ledgerEntry]{role: "ledger", parse: parseLedger}
 	f.path, f.pathErr = st.path("ledger", ledgerFile)
-	l := &ledger{changed: make(chan struct{}, 1), persisted: persisted[ledgerEntry]{sys: sys{log, now}, every: ledgerWriteEvery,
+	l := &ledger{changed: make(chan struct{}, 1), persisted: persisted[ledgerEntry]{sys: sys{log, now}, every: time.Second,
 		afterFunc: afterFunc, logAs: [2]string{"ledger_unplaced", "ledger_write_failed"}, entries: map[string]ledgerEntry{},
 		doc: func(m map[string]ledgerEntry, _ time.Time) any { return ledgerDoc{1, m} }, name: f.path, pathErr: f.pathErr}}
 	entries, _, err := f.read()
