@@ -188,16 +188,14 @@ func parseLedger(b []byte) (map[string]ledgerEntry, error) {
 	if err := decodeStrict(ledgerFile, b, &doc); err != nil && len(b) > 0 {
 		return nil, err
 	}
-	var rules []rule
 	for id, e := range doc.Subscriptions { // null is the zero entry: refused as a missing credential state
 		bad := slices.IndexFunc(e.Windows, func(w planWindow) bool { return !(w.UsedFraction >= 0 && w.UsedFraction <= 1) })
-		rules = append(rules, rule{!isSubscriptionID(id), fmt.Sprintf("subscriptions member %q is not sub_<16 hex>", id)},
-			rule{e.Credential.State != credActive && e.Credential.State != credNeedsReauth,
+		if err := firstBroken([]rule{{!isSubscriptionID(id), fmt.Sprintf("subscriptions member %q is not sub_<16 hex>", id)},
+			{e.Credential.State != credActive && e.Credential.State != credNeedsReauth,
 				fmt.Sprintf("subscriptions.%s.credential.state %q is not %q or %q", id, e.Credential.State, credActive, credNeedsReauth)},
-			rule{bad >= 0, fmt.Sprintf("subscriptions.%s.windows[%d].used_fraction is outside [0,1]", id, bad)})
-	}
-	if err := firstBroken(rules); err != nil {
-		return nil, fmt.Errorf("%s: %w", ledgerFile, err)
+			{bad >= 0, fmt.Sprintf("subscriptions.%s.windows[%d].used_fraction is outside [0,1]", id, bad)}}); err != nil {
+			return nil, fmt.Errorf("%s: %w", ledgerFile, err)
+		}
 	}
 	return doc.Subscriptions, nil
 }
