@@ -17,8 +17,7 @@ import (
 )
 
 const (
-	ledgerFile       = "ledger.json"
-	ledgerWriteEvery = time.Second // SPEC §10.3: coalesced changes are written at most once per second
+	ledgerFile = "ledger.json"
 	// Credential states (SPEC §10.3); credDisabled is shown for retired rows, never stored.
 	credActive, credNeedsReauth, credDisabled = "active", "needs_reauthorization", "disabled"
 	// Where a plan window's reading came from: an answer's headers (SPEC §6.3) or a usage report (§11.2).
@@ -171,7 +170,7 @@ type ledger struct {
 func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
 	f := stateFile[map[string]ledgerEntry]{role: "ledger", parse: parseLedger}
 	f.path, f.pathErr = st.path("ledger", ledgerFile)
-	l := &ledger{changed: make(chan struct{}, 1), persisted: persisted[ledgerEntry]{sys: sys{log, now}, every: ledgerWriteEvery,
+	l := &ledger{changed: make(chan struct{}, 1), persisted: persisted[ledgerEntry]{sys: sys{log, now}, every: time.Second,
 		afterFunc: afterFunc, logAs: [2]string{"ledger_unplaced", "ledger_write_failed"}, entries: map[string]ledgerEntry{},
 		doc: func(m map[string]ledgerEntry, _ time.Time) any { return ledgerDoc{1, m} }, name: f.path, pathErr: f.pathErr}}
 	entries, _, err := f.read()
@@ -189,16 +188,14 @@ func parseLedger(b []byte) (map[string]ledgerEntry, error) {
 	if err := decodeStrict(ledgerFile, b, &doc); err != nil && len(b) > 0 {
 		return nil, err
 	}
-	var rules []rule
 	for id, e := range doc.Subscriptions { // null is the zero entry: refused as a missing credential state
 		bad := slices.IndexFunc(e.Windows, func(w planWindow) bool { return !(w.UsedFraction >= 0 && w.UsedFraction <= 1) })
-		rules = append(rules, rule{!isSubscriptionID(id), fmt.Sprintf("subscriptions member %q is not sub_<16 hex>", id)},
-			rule{e.Credential.State != credActive && e.Credential.State != credNeedsReauth,
+		if err := firstBroken([]rule{{!isSubscriptionID(id), fmt.Sprintf("subscriptions member %q is not sub_<16 hex>", id)},
+			{e.Credential.State != credActive && e.Credential.State != credNeedsReauth,
 				fmt.Sprintf("subscriptions.%s.credential.state %q is not %q or %q", id, e.Credential.State, credActive, credNeedsReauth)},
-			rule{bad >= 0, fmt.Sprintf("subscriptions.%s.windows[%d].used_fraction is outside [0,1]", id, bad)})
-	}
-	if err := firstBroken(rules); err != nil {
-		return nil, fmt.Errorf("%s: %w", ledgerFile, err)
+			{bad >= 0, fmt.Sprintf("subscriptions.%s.windows[%d].used_fraction is outside [0,1]", id, bad)}}); err != nil {
+			return nil, fmt.Errorf("%s: %w", ledgerFile, err)
+		}
 	}
 	return doc.Subscriptions, nil
 }
@@ -447,18 +444,11 @@ func epochMs(f float64) int64 {
 
 // windowLabel names a window of mins minutes in whole days, hours or minutes ("5 hours"), else fallback.
 func windowLabel(mins float64, fallback string) string {
-	if !(mins >= 1) || mins >= planMaxResetSeconds || mins != math.Trunc(mins) {
-		return fallback
+	units := [...]string{"day", "hour", "minute"}
+	for i, per := range [...]int64{24 * 60, 60, 1} {
+		if n := int64(mins); mins >= 1 && mins < planMaxResetSeconds && mins == math.Trunc(mins) && n%per == 0 {
+			return strconv.FormatInt(n/per, 10) + " " + units[i] + strings.Repeat("s", boolCount(n != per))
+		}
 	}
-	n, unit := int64(mins), "minute"
-	switch {
-	case n%(24*60) == 0:
-		n, unit = n/(24*60), "day"
-	case n%60 == 0:
-		n, unit = n/60, "hour"
-	}
-	if n != 1 {
-		unit += "s"
-	}
-	return strconv.FormatInt(n, 10) + " " + unit
+	return fallback
 }

@@ -150,8 +150,7 @@ func (s *server) routes() {
 			if s.credentialChanged(it); err != nil {
 				return nil, err
 			}
-			return map[string]donatedSubscription{"subscription": {ID: it.ID, Provider: it.Provider, AgentID: it.AgentID,
-				Label: it.Label, Status: "active"}}, nil
+			return map[string]donatedSubscription{"subscription": {overlayItem: it, Status: "active"}}, nil
 		}))
 		handle("DELETE "+p+"/{subscription_id}", setRetired)
 	}
@@ -170,7 +169,7 @@ func (s *server) routes() {
 		reply(200, false, func(r *http.Request, b *struct {
 			Model string `json:"model"`
 		}) (any, error) {
-			it, err := s.inv.owned(r.PathValue("agent_id"), r.PathValue("subscription_id"), "a retired subscription is never probed")
+			it, _, err := s.inv.owned(r.PathValue("agent_id"), r.PathValue("subscription_id"), "a retired subscription is never probed")
 			if err != nil {
 				return nil, err
 			}

@@ -140,19 +140,19 @@ func (inv *inventory) pool(agent, provider string) ([]overlayItem, error) {
 	}), err
 }
 
-// owned is agent's subscription id, else 404; when ifRetired says why, a retired one is 409.
-func (inv *inventory) owned(agent, id, ifRetired string) (overlayItem, error) {
+// owned is agent's subscription id and whether it is retired, else 404; when ifRetired says why, a retired one is 409.
+func (inv *inventory) owned(agent, id, ifRetired string) (overlayItem, bool, error) {
 	items, retired, err := inv.view()
 	i := slices.IndexFunc(items, func(it overlayItem) bool { return it.ID == id && it.AgentID == agent })
 	switch {
 	case err != nil:
-		return overlayItem{}, err
+		return overlayItem{}, false, err
 	case i < 0:
-		return overlayItem{}, refuse("not_found", "agent %q has no subscription %q", agent, id)
+		return overlayItem{}, false, refuse("not_found", "agent %q has no subscription %q", agent, id)
 	case ifRetired != "" && retired[id]:
-		return items[i], refuse("state_conflict", "subscription %s is retired; %s", id, ifRetired)
+		return items[i], true, refuse("state_conflict", "subscription %s is retired; %s", id, ifRetired)
 	}
-	return items[i], nil
+	return items[i], retired[id], nil
 }
 
 // credential is a copy of id's credential; an unreadable vault or none is 503 (SPEC §2.2).
@@ -197,13 +197,11 @@ type donation struct {
 	OAuth    *oauthGrant `json:"oauth"`
 }
 
-// donatedSubscription is the 201 answer: metadata only, never the secret.
+// donatedSubscription is the 201 answer: the item's metadata, never the secret; the empty CreatedAt hides the item's.
 type donatedSubscription struct {
-	ID       string `json:"id"`
-	Provider string `json:"provider"`
-	AgentID  string `json:"agent_id"`
-	Label    string `json:"label"`
-	Status   string `json:"status"`
+	overlayItem
+	CreatedAt string `json:"created_at,omitempty"`
+	Status    string `json:"status"`
 }
 
 // store is the one credential write (SPEC §10.1): an item without an ID is a donation under a fresh id, one with
@@ -213,9 +211,8 @@ type donatedSubscription struct {
 // first when the journal cannot record it, and journaled (SPEC §11.1), logged at Warn unless stored and journaled.
 func (inv *inventory) store(it overlayItem, cred vaultCredential, by string) (overlayItem, error) {
 	fresh := it.ID == ""
-	if fresh {
-		rnd := make([]byte, 8)
-		rand.Read(rnd)
+	if rnd := [8]byte{}; fresh {
+		rand.Read(rnd[:])
 		it.ID, it.CreatedAt = fmt.Sprintf("sub_%x", rnd), inv.now().UTC().Format(journalTimeFormat)
 	}
 	if err := checkItem(it, nil); fresh && err != nil {
@@ -227,7 +224,7 @@ func (inv *inventory) store(it overlayItem, cred vaultCredential, by string) (ov
 	err := inv.write(func() (err error) {
 		pool, err := inv.pool(it.AgentID, it.Provider)
 		if err == nil && !fresh {
-			it, err = inv.owned(it.AgentID, it.ID, "reinstate it before replacing its credential")
+			it, _, err = inv.owned(it.AgentID, it.ID, "reinstate it before replacing its credential")
 		}
 		if err == nil {
 			cred, err = checkCredential(it.Provider, cred)
@@ -286,9 +283,8 @@ func (inv *inventory) setRetired(kind, agent, id, reason string) error {
 		return refuse("invalid_request", "a reason is required: printable text on one line, at most 512 bytes")
 	}
 	return inv.write(func() error {
-		_, retired, err := inv.view()
-		if _, oerr := inv.owned(agent, id, ""); oerr != nil || err != nil || retired[id] == (kind == "retire") {
-			return cmp.Or(oerr, err)
+		if _, retired, err := inv.owned(agent, id, ""); err != nil || retired == (kind == "retire") {
+			return err
 		}
 		if err := inv.j.append(journalRecord{Kind: kind, SubscriptionID: id, Reason: reason}); err != nil {
 			return refuse("dependency_unavailable", "subscription not changed: the journal refused the %s: %v", kind, err).because(err)

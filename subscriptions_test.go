@@ -351,13 +351,13 @@ func TestInventoryQueries(t *testing.T) {
 			t.Errorf("%s = %q, want %q", tc.name, tc.got, tc.want)
 		}
 	}
-	if it, err := inv.owned("a1", k1, ""); err != nil || it.ID != k1 {
+	if it, _, err := inv.owned("a1", k1, ""); err != nil || it.ID != k1 {
 		t.Errorf("owned misses a retired subscription of its owner: %v", err)
 	}
-	if _, err := inv.owned("a1", k1, "reinstate it"); asAPIError(err).Code != "state_conflict" {
+	if _, _, err := inv.owned("a1", k1, "reinstate it"); asAPIError(err).Code != "state_conflict" {
 		t.Errorf("owned of a retired subscription, refusing retired ones: %v", err)
 	}
-	if _, err := inv.owned("a1", b1, ""); asAPIError(err).Code != "not_found" {
+	if _, _, err := inv.owned("a1", b1, ""); asAPIError(err).Code != "not_found" {
 		t.Errorf("owned finds another agent's subscription: %v", err)
 	}
 	if _, retired, _ := inv.view(); !retired[k1] {
