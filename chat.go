@@ -22,10 +22,13 @@ type (
 		MaxTokens           *int            `json:"max_tokens,omitempty"`
 		MaxCompletionTokens *int            `json:"max_completion_tokens,omitempty"`
 		Stop                json.RawMessage `json:"stop,omitempty"`
-		ResponseFormat      chatFormat      `json:"response_format,omitzero"`
-		ReasoningEffort     string          `json:"reasoning_effort,omitempty"`
-		Verbosity           string          `json:"verbosity,omitempty"`
-		StreamOptions       json.RawMessage `json:"stream_options,omitempty"`
+		ResponseFormat      struct {
+			Type       string       `json:"type"`
+			JSONSchema outputFormat `json:"json_schema,omitzero"`
+		} `json:"response_format,omitzero"`
+		ReasoningEffort string          `json:"reasoning_effort,omitempty"`
+		Verbosity       string          `json:"verbosity,omitempty"`
+		StreamOptions   json.RawMessage `json:"stream_options,omitempty"`
 		openAIShared
 	}
 	chatMessage struct {
@@ -58,10 +61,6 @@ type (
 		tool
 		Arguments *string `json:"arguments,omitempty"` // a function call's
 		Input     *string `json:"input,omitempty"`     // a custom call's
-	}
-	chatFormat struct {
-		Type       string       `json:"type"`
-		JSONSchema outputFormat `json:"json_schema,omitzero"`
 	}
 	chatCompletion struct { // the answer, and each chunk of a stream
 		ID      string       `json:"id,omitempty"`
@@ -284,7 +283,7 @@ func encodeChat(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 	}
 	out.Tools = jsonArray(tools)
 	if f := req.Output; f != nil {
-		out.ResponseFormat = chatFormat{f.Type, valueOr(schemaOutput(f), outputFormat{})}
+		out.ResponseFormat.Type, out.ResponseFormat.JSONSchema = f.Type, valueOr(schemaOutput(f), outputFormat{})
 		out.ResponseFormat.JSONSchema.Type = ""
 	}
 	return json.Marshal(out)
