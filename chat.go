@@ -22,10 +22,13 @@ type (
 		MaxTokens           *int            `json:"max_tokens,omitempty"`
 		MaxCompletionTokens *int            `json:"max_completion_tokens,omitempty"`
 		Stop                json.RawMessage `json:"stop,omitempty"`
-		ResponseFormat      chatFormat      `json:"response_format,omitzero"`
-		ReasoningEffort     string          `json:"reasoning_effort,omitempty"`
-		Verbosity           string          `json:"verbosity,omitempty"`
-		StreamOptions       json.RawMessage `json:"stream_options,omitempty"`
+		ResponseFormat      struct {
+			Type       string       `json:"type"`
+			JSONSchema outputFormat `json:"json_schema,omitzero"`
+		} `json:"response_format,omitzero"`
+		ReasoningEffort string          `json:"reasoning_effort,omitempty"`
+		Verbosity       string          `json:"verbosity,omitempty"`
+		StreamOptions   json.RawMessage `json:"stream_options,omitempty"`
 		openAIShared
 	}
 	chatMessage struct {
@@ -58,10 +61,6 @@ type (
 		tool
 		Arguments *string `json:"arguments,omitempty"` // a function call's
 		Input     *string `json:"input,omitempty"`     // a custom call's
-	}
-	chatFormat struct {
-		Type       string       `json:"type"`
-		JSONSchema outputFormat `json:"json_schema,omitzero"`
 	}
 	chatCompletion struct { // the answer, and each chunk of a stream
 		ID      string       `json:"id,omitempty"`
@@ -157,10 +156,8 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 	parts = slices.DeleteFunc(parts, func(p part) bool { return p.Type == partText && p.Text == "" && len(m.ToolCalls) > 0 })
 	for i, tc := range m.ToolCalls { // an assistant's only, as tool_use is in messages
 		c, ok := tc.call(tc.Type == toolCustom) // a custom call reads no function, nor a function call custom
-		if m.Role != "assistant" {
-			return refuse("invalid_request", "%s.tool_calls is allowed only in an assistant message", what)
-		} else if !ok {
-			return refuse("invalid_request", "%s.tool_calls[%d] must be a function or custom call with an id and a name", what, i)
+		if !ok || m.Role != "assistant" {
+			return refuse("invalid_request", "%s.tool_calls[%d] must be an assistant's function or custom call with an id and a name", what, i)
 		}
 		parts = append(parts, c)
 	}
@@ -212,14 +209,12 @@ func (req *chatRequest) setOpenAIToolChoice(raw json.RawMessage, nested bool) (e
 	tc.Name = map[bool]string{false: tc.Name, true: tc.Function.Name + tc.Custom.Name}[nested]
 	switch {
 	case rawIsNull(raw) || err != nil:
-	case isMode && !slices.Contains([]string{toolChoiceAuto, toolChoiceNone, toolChoiceRequired}, mode):
-		return refuse("invalid_request", "tool_choice must be \"auto\", \"none\", \"required\" or a tool")
-	case isMode:
+	case isMode && slices.Contains([]string{toolChoiceAuto, toolChoiceNone, toolChoiceRequired}, mode):
 		req.ToolChoice = &toolChoice{Mode: mode}
-	case tc.Type != toolFunction && tc.Type != toolCustom:
+	case !isMode && tc.Type != toolFunction && tc.Type != toolCustom:
 		req.drop(true, "tool_choice")
-	case tc.Name == "":
-		return refuse("invalid_request", "tool_choice must name a tool: {\"type\":\"function\",…}")
+	case isMode || tc.Name == "":
+		return refuse("invalid_request", `tool_choice must be "auto", "none", "required" or a named tool`)
 	default: // a namespace member by its flat name
 		req.ToolChoice = &toolChoice{Mode: toolChoiceTool, Name: strings.TrimPrefix(tc.Namespace+"__"+tc.Name, "__")}
 	}
@@ -243,12 +238,10 @@ func (req chatRequest) openAIToolChoice(nested bool) json.RawMessage {
 
 // encodeChat builds a Chat Completions body; tool results become role "tool" messages placed first, right after the assistant turn that called them.
 func encodeChat(req *chatRequest, c call, _ http.Header) ([]byte, error) {
+	limit, completion := ifSet(&req.MaxTokens, req.MaxTokens > 0), c.res.Provider.limitName != "" // reasoning models' only
 	out := chatRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream}, ParallelToolCalls: req.ParallelToolCalls,
 		ReasoningEffort: req.Effort, Verbosity: req.Verbosity, ToolChoice: req.openAIToolChoice(true), Stop: jsonArray(req.Stop),
-		MaxTokens: ifSet(&req.MaxTokens, req.MaxTokens > 0), openAIShared: req.Shared}
-	if c.res.Provider.limitName != "" { // OpenAI's reasoning models take only that, as a passthrough call sends
-		out.MaxTokens, out.MaxCompletionTokens = nil, out.MaxTokens
-	}
+		MaxTokens: ifSet(limit, !completion), MaxCompletionTokens: ifSet(limit, completion), openAIShared: req.Shared}
 	out.StreamOptions = map[bool]json.RawMessage{true: json.RawMessage(`{"include_usage":true}`)}[req.Stream]
 	msgs := map[bool][]chatMessage{false: {}, true: {{Role: "system", Content: jsonText(req.System)}}}[req.System != ""]
 	for _, m := range req.Messages {
@@ -290,7 +283,7 @@ func encodeChat(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 	}
 	out.Tools = jsonArray(tools)
 	if f := req.Output; f != nil {
-		out.ResponseFormat = chatFormat{f.Type, valueOr(schemaOutput(f), outputFormat{})}
+		out.ResponseFormat.Type, out.ResponseFormat.JSONSchema = f.Type, valueOr(schemaOutput(f), outputFormat{})
 		out.ResponseFormat.JSONSchema.Type = ""
 	}
 	return json.Marshal(out)

@@ -204,17 +204,15 @@ func schemaOutput(f *outputFormat) *outputFormat {
 // ("" for the body), quoting nothing (SPEC §7.6). A member with no counterpart elsewhere is dropped and named instead.
 func decodeCallerJSON(data []byte, v any, what string) error {
 	err := json.Unmarshal(data, v)
-	se, te := (*json.SyntaxError)(nil), (*json.UnmarshalTypeError)(nil)
-	switch { // a body not an object was refused before (readCallerRequest): a type error has a path
-	case err == nil:
-		return nil
-	case errors.As(err, &se):
+	if se, ok := errors.AsType[*json.SyntaxError](err); ok {
 		return refuse("invalid_request", "malformed JSON at byte %d", se.Offset).because(err)
-	case errors.As(err, &te):
-		field := strings.Trim(what+"."+te.Field, ".")
+	} else if te, ok := errors.AsType[*json.UnmarshalTypeError](err); ok {
+		field := strings.Trim(what+"."+te.Field, ".") // a body not an object was refused before: a type error has a path
 		return refuse("invalid_request", "%s: got %s, not the type it takes", field, truncateUTF8(te.Value, 32)).because(err)
+	} else if err != nil {
+		return refuse("invalid_request", "malformed JSON").because(err)
 	}
-	return refuse("invalid_request", "malformed JSON").because(err)
+	return nil
 }
 
 // dropUnknown names, in the body's order, every member of the JSON object raw not in known (space-separated, any
