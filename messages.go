@@ -175,9 +175,7 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 		case "text":
 			p, err = textPart(bl.Text, path)
 		case "image", "document": // a source as the neutral URL: base64 data and text a data URL, a url source itself
-			if p.Type = bl.Type; bl.Type == "document" { // partImage and partDocument are the block types
-				p.Filename = bl.Title
-			}
+			p.Type, p.Filename = bl.Type, bl.Title // partImage and partDocument are the block types (a document has a title)
 			switch src := valueOr(bl.Source, messagesSource{}); {
 			case src.Type == "base64" && src.MediaType != "" && src.Data != "":
 				p.URL = "data:" + src.MediaType + ";base64," + src.Data
