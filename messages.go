@@ -96,14 +96,19 @@ const (
 )
 
 // Tables: tool_choice types as neutral modes; stop reasons as finishes (any other, as end_turn, stop_sequence, pause_turn: a stop) and
-// back (else end_turn); effort names as thinking budgets (a budget maps back to the nearest effort at or above it, SPEC §7.6).
+// back (else end_turn); effort names as thinking budgets (a budget maps back to the nearest effort at or above it, SPEC §7.6);
+// the members carried of each block type (a true is_error is named dropped: OpenAI lacks it); each stream step's event.
 var (
 	messagesChoices  = map[string]string{"auto": toolChoiceAuto, "none": toolChoiceNone, "any": toolChoiceRequired, "tool": toolChoiceTool}
 	messagesFinishes = map[string]string{"max_tokens": finishLength, "tool_use": finishToolCalls,
 		"refusal": finishContentFilter, "model_context_window_exceeded": finishLength}
-	messagesStopReasons = map[string]string{finishLength: "max_tokens", finishToolCalls: "tool_use", finishContentFilter: "refusal"}
-	effortNames         = []string{"none", "minimal", "low", "medium", "high", "xhigh"}
-	effortBudgets       = []int{0, 1024, 2048, 8192, 24576, 32768}
+	messagesStopReasons  = map[string]string{finishLength: "max_tokens", finishToolCalls: "tool_use", finishContentFilter: "refusal"}
+	effortNames          = []string{"none", "minimal", "low", "medium", "high", "xhigh"}
+	effortBudgets        = []int{0, 1024, 2048, 8192, 24576, 32768}
+	messagesBlockMembers = map[string]string{"text": "type text", "image": "type source", "document": "type source title",
+		"tool_use": "type id name input", "tool_result": "type tool_use_id content is_error"}
+	messagesSteps = [...]string{stepBegin: "message_start", stepOpen: "content_block_start", stepDelta: "content_block_delta",
+		stepClose: "content_block_stop", stepEnd: "message_delta", stepFail: "error"}
 )
 
 // parseMessages reads a caller's Messages body; every step runs and the first refusal wins.
@@ -160,10 +165,6 @@ func parseMessages(cr *callerRequest) (chatRequest, error) {
 	return req.finishParse(err, "messages must hold at least one user or assistant turn")
 }
 
-// messagesBlockMembers names the members carried of each block type (a true is_error is named dropped: OpenAI lacks it).
-var messagesBlockMembers = map[string]string{"text": "type text", "image": "type source", "document": "type source title",
-	"tool_use": "type id name input", "tool_result": "type tool_use_id content is_error"}
-
 // messagesParts reads a turn's content (role "result": a tool result's); other blocks and members are dropped and named.
 func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what string) ([]part, error) {
 	parts, err := callerParts(req, raw, what, "content blocks", func(bl messagesBlock, _ json.RawMessage, path string) (p part, _ string, err error) {
@@ -174,9 +175,7 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 		case "text":
 			p, err = textPart(bl.Text, path)
 		case "image", "document": // a source as the neutral URL: base64 data and text a data URL, a url source itself
-			if p.Type = bl.Type; bl.Type == "document" { // partImage and partDocument are the block types
-				p.Filename = bl.Title
-			}
+			p.Type, p.Filename = bl.Type, bl.Title // partImage and partDocument are the block types (a document has a title)
 			switch src := valueOr(bl.Source, messagesSource{}); {
 			case src.Type == "base64" && src.MediaType != "" && src.Data != "":
 				p.URL = "data:" + src.MediaType + ";base64," + src.Data
@@ -318,10 +317,9 @@ func encodeMessages(req *chatRequest, c call, h http.Header) ([]byte, error) {
 		out.ToolChoice = &messagesOption{Type: strings.Replace(c.Mode, toolChoiceRequired, "any", 1), Name: c.Name,
 			DisableParallelToolUse: ifSet(new(true), serial && c.Mode != toolChoiceNone)}
 	}
-	if f := req.Output; f != nil {
-		if f.Type != "json_schema" {
-			return nil, refuse("invalid_request", "structured output without a JSON Schema (JSON mode) cannot be expressed to an anthropic-messages provider; send a JSON Schema")
-		}
+	if f := req.Output; f != nil && f.Type != "json_schema" {
+		return nil, refuse("invalid_request", "structured output without a JSON Schema (JSON mode) cannot be expressed to an anthropic-messages provider; send a JSON Schema")
+	} else if f != nil {
 		out.OutputConfig.Format = &outputFormat{Type: f.Type, Schema: f.Schema}
 	}
 	// SPEC §7.6: the structured-outputs beta, for a JSON Schema output format or a tool's strict, true or false.
@@ -364,9 +362,6 @@ func decodeMessages(body []byte, rd *streamReader) error {
 	rd.finish = cmp.Or(messagesFinishes[valueOr(r.StopReason, "")], finishStop)
 	return nil
 }
-
-var messagesSteps = [...]string{stepBegin: "message_start", stepOpen: "content_block_start", stepDelta: "content_block_delta",
-	stepClose: "content_block_stop", stepEnd: "message_delta", stepFail: "error"}
 
 // messagesFrames writes Anthropic's events a block at a time; the message it keeps gets each block whole at its close.
 func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string) error {

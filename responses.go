@@ -84,6 +84,18 @@ type (
 
 const responsesKnown = "model instructions input tools tool_choice parallel_tool_calls max_output_tokens temperature top_p reasoning text stream " + openAISharedNames
 
+// Tables: the members Brama carries of each part type; a call's item type, a custom tool's or a function's ("_output"
+// makes its result's); incomplete_details.reason as finishes (responsesFrames the other way); each item type's events.
+var (
+	responsesPartMembers = map[string]string{"input_text": "type text", "output_text": "type text annotations",
+		"input_image": "type image_url detail", "input_file": "type file_data file_url filename"}
+	responsesCallTypes = map[bool]string{false: "function_call", true: "custom_tool_call"}
+	responsesFinishes  = map[string]string{"max_output_tokens": finishLength, "content_filter": finishContentFilter}
+	responsesEvents    = map[string][2]string{"message": {"response.output_text.delta", "response.output_text.done"},
+		"function_call":    {"response.function_call_arguments.delta", "response.function_call_arguments.done"},
+		"custom_tool_call": {"response.custom_tool_call_input.delta", "response.custom_tool_call_input.done"}}
+)
+
 // parseResponses reads a caller's Responses body; every step runs and the first refusal wins.
 func parseResponses(cr *callerRequest) (chatRequest, error) {
 	var b responsesRequestBody
@@ -100,12 +112,10 @@ func parseResponses(cr *callerRequest) (chatRequest, error) {
 	req.Effort, req.EffortName = b.Reasoning.Effort, map[bool]string{true: "effort"}[b.Reasoning.Effort != ""]
 	switch {
 	case err != nil: // the first refusal wins
-	case string(b.Input) == `""`:
-		err = refuse("invalid_request", "input must not be empty")
+	case string(b.Input) == `""`, rawShape(b.Input) != '"' && rawShape(b.Input) != '[':
+		err = refuse("invalid_request", "input is required: a non-empty string or an array of items")
 	case rawShape(b.Input) == '"': // one user message
 		b.Input = slices.Concat([]byte(`[{"role":"user","content":`), b.Input, []byte("}]"))
-	case rawShape(b.Input) != '[':
-		err = refuse("invalid_request", "input is required: a string or an array of items")
 	}
 	err = cmp.Or(err, readList(b.Input, "input", req.addResponsesItem), readList(b.Tools, "tools", req.addOpenAITool),
 		req.setOpenAIToolChoice(b.ToolChoice, false), req.setOutput(b.Text.Format, "text.format"))
@@ -134,8 +144,8 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 			req.Messages = append(req.Messages, message{Role: it.Role, Parts: parts})
 		}
 		return err
-	case call && (it.CallID == "" || it.Name == ""):
-		return refuse("invalid_request", "%s needs a call_id and a name", what)
+	case (call || output) && it.CallID == "", call && it.Name == "":
+		return refuse("invalid_request", "%s needs a call_id, and a call a name", what)
 	case call:
 		tc, _ := it.call()
 		if !tc.Custom && valueOr(it.Arguments, "") == "" {
@@ -143,8 +153,6 @@ func (req *chatRequest) addResponsesItem(it responsesItem, raw json.RawMessage, 
 		}
 		req.Messages = appendPart(req.Messages, "assistant", tc)
 		return nil
-	case output && it.CallID == "":
-		return refuse("invalid_request", "%s.call_id is required", what)
 	case output:
 		parts, err := req.responsesParts(it.Output, what+".output")
 		req.Messages = appendPart(req.Messages, "user", toolResult(it.CallID, parts, it.Type == "custom_tool_call_output", false))
@@ -174,10 +182,6 @@ func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part
 		return p, responsesPartMembers[rp.Type], err
 	})
 }
-
-// responsesPartMembers names the members Brama carries of each part type.
-var responsesPartMembers = map[string]string{"input_text": "type text", "output_text": "type text annotations",
-	"input_image": "type image_url detail", "input_file": "type file_data file_url filename"}
 
 // encodeResponses builds a Responses body: text, images and files in message items, tool calls and results items of their own; codex gets SPEC §6.2's body.
 func encodeResponses(req *chatRequest, c call, _ http.Header) ([]byte, error) {
@@ -228,9 +232,6 @@ func encodeResponses(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 	return json.Marshal(out)
 }
 
-// responsesCallTypes are a call's item type, a custom tool's or a function's; "_output" makes its result's.
-var responsesCallTypes = map[bool]string{false: "function_call", true: "custom_tool_call"}
-
 // call is a call item as a neutral tool_call part, its name flattened.
 func (it *responsesItem) call() (part, bool) {
 	tc := part{Type: partToolCall, ToolCallID: it.CallID, ToolName: strings.TrimPrefix(it.Namespace+"__"+it.Name, "__"),
@@ -268,14 +269,6 @@ func responsesContent(ps []part, assistant bool) []responsesPart {
 	}
 	return out
 }
-
-// responsesFinishes maps incomplete_details.reason to finishes (responsesFrames the other way).
-var responsesFinishes = map[string]string{"max_output_tokens": finishLength, "content_filter": finishContentFilter}
-
-// responsesEvents names each item type's delta and done events.
-var responsesEvents = map[string][2]string{"message": {"response.output_text.delta", "response.output_text.done"},
-	"function_call":    {"response.function_call_arguments.delta", "response.function_call_arguments.done"},
-	"custom_tool_call": {"response.custom_tool_call_input.delta", "response.custom_tool_call_input.done"}}
 
 // responsesFrames writes Responses events, one output item at a time, keeping the response whole for response.completed.
 func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string) error {
