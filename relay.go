@@ -34,10 +34,10 @@ type usage struct {
 
 func newAnswerID(prefix string) string { return prefix + rand.Text() }
 
-// writeAnswer writes a 200 answer with its attempts (a buffered body, or a stream's head) and what SPEC §17 lets it tell
-// of the provider's: its request id (X-Request-Id is Brama's own) and, same-format, its rate-limit headers; no cookie,
-// nothing naming the account.
-func writeAnswer(w http.ResponseWriter, provider http.Header, same bool, contentType string, attempts int, body []byte) {
+// writeAnswer writes a 200 answer with its attempts (a buffered body, or a stream's head) and what SPEC §17 lets it
+// tell of the provider's: its request id (X-Request-Id is Brama's own) and, same-format, its rate-limit headers; no
+// cookie, nothing naming the account.
+func writeAnswer(w http.ResponseWriter, provider http.Header, same bool, ct string, attempts int, body []byte) {
 	if id := cmp.Or(provider.Get("Request-Id"), provider.Get("X-Request-Id")); id != "" {
 		w.Header().Set("Request-Id", id)
 	}
@@ -46,7 +46,7 @@ func writeAnswer(w http.ResponseWriter, provider http.Header, same bool, content
 			w.Header()[name] = vs
 		}
 	}
-	w.Header().Set("Content-Type", contentType)
+	w.Header().Set("Content-Type", ct)
 	w.Header().Set("Brama-Attempts", strconv.Itoa(attempts))
 	w.WriteHeader(http.StatusOK)
 	w.Write(body)
@@ -68,8 +68,7 @@ var testingOnlyKeepAlive time.Duration // tests shorten keepAliveEvery
 
 // openStreamAnswer commits the 200 (writeAnswer's head) and starts the keep-alive, a comment after every silence of
 // keepAliveEvery (SPEC §7.5); model is what the dialect's events report, req's tools name translated calls.
-func openStreamAnswer(w http.ResponseWriter, provider http.Header, same bool, dialect string, req chatRequest, model string,
-	attempts int) *callerStream {
+func openStreamAnswer(w http.ResponseWriter, provider http.Header, same bool, dialect string, req chatRequest, model string, attempts int) *callerStream {
 	every := cmp.Or(testingOnlyKeepAlive, keepAliveEvery)
 	w.Header().Set("X-Accel-Buffering", "no")
 	writeAnswer(w, provider, same, "text/event-stream", attempts, nil)
