@@ -42,8 +42,7 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 		}
 		switch {
 		case req.head.Stream:
-			providerFacts(w.Header(), resp.Header, pass)
-			sa := openStreamAnswer(w, req.dialect, tr, model, attempts, cmp.Or(testingOnlyKeepAlive, keepAliveEvery))
+			sa := openStreamAnswer(w, resp.Header, pass, req.dialect, tr, model, attempts)
 			defer sa.close()
 			var err error
 			if u, err = sa.answer(c, resp.Body, nil, !pass, req.addsUsage(p)); err != nil {
@@ -88,8 +87,8 @@ func (e *engine) serveModelCall(ctx context.Context, w http.ResponseWriter, req 
 		} else if err = json.Unmarshal(b, &ans); err != nil || ans.InputTokens == nil {
 			return u, asAPIError(malformedAnswer(protoAnthropic, err)).withAttempts(e.t.attempts), false
 		}
-		providerFacts(w.Header(), resp.Header, true)
-		writeAnswer(w, "application/json", e.t.attempts, fmt.Appendf(nil, "{\"input_tokens\":%d}\n", *ans.InputTokens))
+		writeAnswer(w, resp.Header, true, "application/json", e.t.attempts,
+			fmt.Appendf(nil, "{\"input_tokens\":%d}\n", *ans.InputTokens))
 		return u, nil, false
 	}}
 	switch {

@@ -372,21 +372,7 @@ func relayBuffered(w http.ResponseWriter, c call, resp *http.Response, attempts 
 	if err != nil {
 		return u, asAPIError(err).withAttempts(attempts)
 	} else if w != nil {
-		providerFacts(w.Header(), resp.Header, s == nil)
-		writeAnswer(w, ct, attempts, body)
+		writeAnswer(w, resp.Header, s == nil, ct, attempts, body)
 	}
 	return u, nil
-}
-
-// providerFacts gives the caller what SPEC §17 lets an answer tell: its request id (X-Request-Id is Brama's own) and,
-// same-format, its rate-limit headers; no cookie, nothing naming the account.
-func providerFacts(h, provider http.Header, same bool) {
-	if id := cmp.Or(provider.Get("Request-Id"), provider.Get("X-Request-Id")); id != "" {
-		h.Set("Request-Id", id)
-	}
-	for name, vs := range provider {
-		if same && (name == "Retry-After" || strings.HasPrefix(name, "Anthropic-Ratelimit-") || strings.HasPrefix(name, "X-Ratelimit-")) {
-			h[name] = vs
-		}
-	}
 }

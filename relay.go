@@ -34,9 +34,19 @@ type usage struct {
 
 func newAnswerID(prefix string) string { return prefix + rand.Text() }
 
-// writeAnswer writes a 200 answer with its attempts: a buffered body, or a stream's head.
-func writeAnswer(w http.ResponseWriter, contentType string, attempts int, body []byte) {
-	w.Header().Set("Content-Type", contentType)
+// writeAnswer writes a 200 answer with its attempts (a buffered body, or a stream's head) and what SPEC §17 lets it
+// tell of the provider's: its request id (X-Request-Id is Brama's own) and, same-format, its rate-limit headers; no
+// cookie, nothing naming the account.
+func writeAnswer(w http.ResponseWriter, provider http.Header, same bool, ct string, attempts int, body []byte) {
+	if id := cmp.Or(provider.Get("Request-Id"), provider.Get("X-Request-Id")); id != "" {
+		w.Header().Set("Request-Id", id)
+	}
+	for name, vs := range provider {
+		if same && (name == "Retry-After" || strings.HasPrefix(name, "Anthropic-Ratelimit-") || strings.HasPrefix(name, "X-Ratelimit-")) {
+			w.Header()[name] = vs
+		}
+	}
+	w.Header().Set("Content-Type", ct)
 	w.Header().Set("Brama-Attempts", strconv.Itoa(attempts))
 	w.WriteHeader(http.StatusOK)
 	w.Write(body)
@@ -56,11 +66,12 @@ const keepAliveEvery = 15 * time.Second
 
 var testingOnlyKeepAlive time.Duration // tests shorten keepAliveEvery
 
-// openStreamAnswer commits the 200 and starts the keep-alive, a comment after every silence of every (SPEC §7.5);
-// model is what the dialect's events report, req's tools name translated calls.
-func openStreamAnswer(w http.ResponseWriter, dialect string, req chatRequest, model string, attempts int, every time.Duration) *callerStream {
+// openStreamAnswer commits the 200 (writeAnswer's head) and starts the keep-alive, a comment after every silence of
+// keepAliveEvery (SPEC §7.5); model is what the dialect's events report, req's tools name translated calls.
+func openStreamAnswer(w http.ResponseWriter, provider http.Header, same bool, dialect string, req chatRequest, model string, attempts int) *callerStream {
+	every := cmp.Or(testingOnlyKeepAlive, keepAliveEvery)
 	w.Header().Set("X-Accel-Buffering", "no")
-	writeAnswer(w, "text/event-stream", attempts, nil)
+	writeAnswer(w, provider, same, "text/event-stream", attempts, nil)
 	rc := http.NewResponseController(w)
 	rc.Flush() // the caller has its 200 now, however long the provider stays silent
 	s := &callerStream{w: w, frames: formatOf(dialect).frames, req: req, model: model}
