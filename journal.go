@@ -240,14 +240,13 @@ func (j *journal) scan(fo *journalFold, visit func(journalRecord, string)) (torn
 func parseJournalLine(line []byte) (r journalRecord, reason string) {
 	var m map[string]json.RawMessage
 	err := json.Unmarshal(line, &m)
-	switch lead := bytes.Trim(line, " \t\r"); { // JSON's whitespace, not Unicode's
-	case len(lead) == 0:
+	if lead := bytes.Trim(line, " \t\r"); len(lead) == 0 { // JSON's whitespace, not Unicode's
 		return r, "empty line"
-	case err != nil && lead[0] == '{': // only a syntax error: a map takes any object
+	} else if err != nil && lead[0] == '{' { // only a syntax error: a map takes any object
 		return r, "malformed or incomplete JSON object (an interrupted write?)"
-	case errors.As(err, new(*json.SyntaxError)):
+	} else if errors.As(err, new(*json.SyntaxError)) {
 		return r, "not JSON"
-	case m == nil: // valid JSON: an array, a scalar or null
+	} else if m == nil { // valid JSON: an array, a scalar or null
 		return r, "not a JSON object"
 	}
 	rv := reflect.ValueOf(&r).Elem()
@@ -261,14 +260,13 @@ func parseJournalLine(line []byte) (r journalRecord, reason string) {
 			continue
 		}
 		field := rv.FieldByIndex(f.Index).Addr().Interface()
-		switch {
-		case i < 2 && !ok:
+		if i < 2 && !ok {
 			return journalRecord{}, "missing " + name
-		case i < 2 && (string(raw) == "null" || json.Unmarshal(raw, field) != nil):
+		} else if i < 2 && (string(raw) == "null" || json.Unmarshal(raw, field) != nil) {
 			return journalRecord{}, name + " is not a string"
-		case i < 2 && *field.(*string) == "":
+		} else if i < 2 && *field.(*string) == "" {
 			return journalRecord{}, name + " is empty"
-		case ok && json.Unmarshal(raw, field) != nil:
+		} else if ok && json.Unmarshal(raw, field) != nil {
 			return journalRecord{}, "field " + name + " has the wrong type"
 		}
 	}

@@ -39,10 +39,9 @@ func resolveState(getenv func(string) string) state {
 	if d == "" {
 		d, what, sub = strings.TrimSpace(getenv("HOME")), "$HOME", ".brama"
 	}
-	switch {
-	case d == "":
+	if d == "" {
 		return state{cause: errors.New("$HOME is not defined")} // os.UserHomeDir's words on Unix
-	case !filepath.IsAbs(d): // it would be the working directory's
+	} else if !filepath.IsAbs(d) { // it would be the working directory's
 		return state{cause: fmt.Errorf("%s %q is not an absolute path", what, d)}
 	}
 	return state{dir: filepath.Join(d, sub)} // Join cleans: "/var/lib/brama/" is the same directory
@@ -56,10 +55,9 @@ func (s state) path(what, file string) (string, error) {
 }
 
 func (s state) fileOrState(getenv func(string) string, env, what, file string) (string, error) {
-	switch p := strings.TrimSpace(getenv(env)); {
-	case filepath.IsAbs(p):
+	if p := strings.TrimSpace(getenv(env)); filepath.IsAbs(p) {
 		return p, nil
-	case p != "": // the same refusal as a relative state directory's
+	} else if p != "" { // the same refusal as a relative state directory's
 		s = state{cause: fmt.Errorf("%s %q is not an absolute path", env, p)}
 	}
 	return s.path(what, file)
