@@ -109,8 +109,7 @@ func (j *journal) append(rec journalRecord) error {
 	defer j.mu.Unlock()
 	if j.broken != nil {
 		return j.broken
-	}
-	if rec.Kind == "" {
+	} else if rec.Kind == "" {
 		return errors.New("journal record has no kind")
 	}
 	rec.At = cmp.Or(rec.At, j.now().UTC().Format(journalTimeFormat))

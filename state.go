@@ -68,8 +68,7 @@ func envWhole(getenv func(string) string, name, unit string, least, def int64, b
 	v := strings.TrimSpace(getenv(name))
 	if v == "" {
 		return def, nil
-	}
-	if n, err := strconv.ParseInt(v, 10, bits); err == nil && n >= least {
+	} else if n, err := strconv.ParseInt(v, 10, bits); err == nil && n >= least {
 		return n, nil
 	}
 	return def, fmt.Errorf("%s=%q is not a whole number of %s ≥ %d", name, v, unit, least)
@@ -167,10 +166,7 @@ func (f *stateFile[T]) read() (doc T, id fileIdentity, err error) {
 		return doc, id, f.pathErr
 	}
 	b, id, err := readGuarded(f.role, f.path)
-	if errors.Is(err, errFileAbsent) && !f.absentErr {
-		b, err = nil, nil // a present file is never nil, if empty
-	}
-	if err == nil {
+	if err == nil || errors.Is(err, errFileAbsent) && !f.absentErr { // absent: parse(nil); a present file is never nil
 		doc, err = f.parse(b)
 	}
 	return doc, id, err
