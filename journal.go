@@ -290,8 +290,7 @@ func decodeStrict(role string, b []byte, v any) error {
 	err := checkNesting(b)
 	if !utf8.Valid(b) {
 		err = errors.New("not valid UTF-8")
-	}
-	if err == nil {
+	} else if err == nil {
 		err = checkKeys(json.NewDecoder(bytes.NewReader(b)), reflect.TypeOf(v))
 	}
 	if err == nil {
