@@ -171,12 +171,9 @@ func (j *journal) folded() (journalFold, error) {
 	j.readMu.Lock()
 	defer j.readMu.Unlock()
 	fo := &j.fold
-	_, err := j.scan(fo, func(rec journalRecord, reason string) {
-		switch {
-		case reason != "":
+	_, err := j.scan(fo, func(_ journalRecord, reason string) {
+		if reason != "" {
 			j.log.Warn("journal_line_unreadable", "line", fo.lines, "reason", reason)
-		case rec.SubscriptionID != "" && (rec.Kind == "retire" || rec.Kind == "reinstate"):
-			fo.retire[rec.SubscriptionID] = rec.Kind == "retire"
 		}
 	})
 	if err != nil {
@@ -199,7 +196,7 @@ func checkJournal(j *journal, stdout io.Writer) (ok bool, err error) {
 	return fo.badN == 0 && err == nil, err
 }
 
-// scan visits each complete line after fo, parsed, counting the bad ones; from the start when fo is of another file, a
+// scan folds into fo and visits, parsed, each complete line after fo; from the start when fo is of another file, a
 // longer one or none.
 func (j *journal) scan(fo *journalFold, visit func(journalRecord, string)) (torn bool, err error) {
 	if j.name == "" {
@@ -229,6 +226,8 @@ func (j *journal) scan(fo *journalFold, visit func(journalRecord, string)) (torn
 		rec, reason := parseJournalLine(line[:len(line)-1])
 		if reason != "" && fo.badN < maxReportedBadLines {
 			fo.bad = append(fo.bad, fmt.Sprintf("journal line %d is unreadable: %s", fo.lines, reason))
+		} else if reason == "" && rec.SubscriptionID != "" && (rec.Kind == "retire" || rec.Kind == "reinstate") {
+			fo.retire[rec.SubscriptionID] = rec.Kind == "retire"
 		}
 		fo.badN += boolCount(reason != "")
 		visit(rec, reason)
