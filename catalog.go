@@ -21,10 +21,9 @@ import (
 
 // Advisory data no request waits on (SPEC §6.4, §13): the model catalogue and the perf registry.
 
-const ( // SPEC §16, §2.2
+const ( // SPEC §16
 	defaultCatalogURL = "https://models.dev/api.json"
 	defaultCatalogTTL = 900 * time.Second
-	perfFlushEvery    = 30 * time.Second
 )
 
 // modelInfo is what Brama keeps of a catalogue model (0 and nil: unknown); callers must not modify its slices.
@@ -287,7 +286,7 @@ type perfRegistry struct{ persisted[perfEntry] }
 
 // newPerfRegistry starts from perf.json; a bad one is logged and replaced at the next flush: telemetry never stops serving.
 func newPerfRegistry(st state, sy sys) *perfRegistry {
-	p := &perfRegistry{persisted: persisted[perfEntry]{sys: sy, every: perfFlushEvery, afterFunc: afterFunc,
+	p := &perfRegistry{persisted: persisted[perfEntry]{sys: sy, every: 30 * time.Second, afterFunc: afterFunc,
 		logAs: [2]string{"perf_stats_unplaced", "perf_stats_flush_failed"}, entries: map[string]perfEntry{},
 		doc: func(m map[string]perfEntry, now time.Time) any { return perfDocument{1, now.UTC(), m} }}}
 	p.name, p.pathErr = st.path("perf telemetry", "perf.json")

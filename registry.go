@@ -162,8 +162,7 @@ func (doc *routesDoc) validate() error {
 				"registry route %[1]q: destination %[2]q is not 1-512 bytes of UTF-8 without control characters or surrounding space"},
 			{strings.Contains(dest, "*") && !(strings.HasSuffix(alias, "*") && canonical && model == "*"),
 				`registry route %[1]q: destination %[2]q contains "*"; only a prefix alias (ending in *) may route to <provider>/*`},
-			{canonical && !providerPattern.MatchString(provider), "registry route %[1]q: destination %[2]q is not a canonical route: the provider must match [a-z0-9._-]{1,64}"},
-			{canonical && model == "", "registry route %[1]q: destination %[2]q is not a canonical route: the model is empty"},
+			{canonical && (!providerPattern.MatchString(provider) || model == ""), "registry route %[1]q: destination %[2]q is not a canonical route: the provider must match [a-z0-9._-]{1,64} and the model be non-empty"},
 			{alias == modeBest && (dest == modeBest || local || provider == "local-openai"), // best is paid by subscriptions
 				"registry route %[1]q must name a canonical route of a subscription-capable provider, not %[2]q"},
 			{local && n != 1, "registry route %[1]q: destination %[2]q names %[3]d deployments or adapters; a bare name must name exactly one"},

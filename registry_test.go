@@ -700,7 +700,7 @@ func TestParseRegistry(t *testing.T) {
 		{name: "destination too long, quoted as far as 512 bytes", in: regDoc(`{"a":"openai/` + strings.Repeat("m", 510) + `"}`),
 			wantErr: `mmm" is not 1-512 bytes`},
 		{name: "destination bad provider", in: regDoc(`{"a":"OpenAI/x"}`), wantErr: `route "a": destination "OpenAI/x" is not a canonical route`},
-		{name: "destination empty model", in: regDoc(`{"a":"openai/"}`), wantErr: `route "a": destination "openai/" is not a canonical route: the model is empty`},
+		{name: "destination empty model", in: regDoc(`{"a":"openai/"}`), wantErr: `route "a": destination "openai/" is not a canonical route: the provider must match [a-z0-9._-]{1,64} and the model be non-empty`},
 		{name: "bare name matching nothing", in: regDoc(`{"a":"llama"}`), wantErr: `route "a": destination "llama" names 0 deployments or adapters; a bare name must name exactly one`},
 		{name: "bare name matching two", in: `{"deployments":[{"name":"x","endpoint":{"host":"127.0.0.1","port":1}},{"name":"y","endpoint":{"host":"127.0.0.1","port":2},"adapters":[{"name":"x"}]}],"routes":{"a":"x"}}`, wantErr: `route "a": destination "x" names 2 deployments or adapters`},
 	}
