@@ -99,11 +99,9 @@ func serve(e *cliEnv, o opts, _ []string) error {
 	}
 	var localCreds map[string]string // {"provider":"api key",…} from stdin, keys trimmed; nil: the vault's are read
 	if o.b("local-credentials-stdin") {
-		b, err := io.ReadAll(e.in)
-		if err == nil {
-			err = decodeStrict("-local-credentials-stdin", b, &localCreds)
-		}
-		if err != nil || localCreds == nil {
+		if b, err := io.ReadAll(e.in); err != nil {
+			return err
+		} else if err := decodeStrict("-local-credentials-stdin", b, &localCreds); err != nil || localCreds == nil {
 			return cmp.Or(err, errors.New("-local-credentials-stdin: not a JSON object")) // null: no map
 		}
 		for p, key := range localCreds {
@@ -255,10 +253,9 @@ func (e *cliEnv) line() string {
 // bearer reads the daemon's bearer once: BRAMA_TOKEN, else stdin's first line.
 func (e *cliEnv) bearer() error {
 	if e.auth = cmp.Or(e.auth, strings.TrimSpace(e.getenv("BRAMA_TOKEN"))); e.auth == "" {
-		e.auth = e.line()
-	}
-	if e.auth == "" {
-		return errors.New("no bearer token: set BRAMA_TOKEN or give the token as stdin's first line")
+		if e.auth = e.line(); e.auth == "" {
+			return errors.New("no bearer token: set BRAMA_TOKEN or give the token as stdin's first line")
+		}
 	}
 	return nil
 }
@@ -350,14 +347,11 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 	}
 	if err := done(&prog.Steps.StateDirectory, "state-directory", ""); err != nil {
 		return err
-	}
-	switch doc, err := eng.clients.load(); { // serve makes the first admin client
-	case err == nil && len(doc.Clients) == 0: // absent too
-		return next("brama clients add <id> -admin", errRefused)
-	case err != nil:
+	} else if doc, err := eng.clients.load(); err != nil {
 		return fmt.Errorf("the clients file is unusable: %w", err)
-	}
-	if err := done(&prog.Steps.Client, "client", ""); err != nil {
+	} else if len(doc.Clients) == 0 { // absent too; serve makes the first admin client
+		return next("brama clients add <id> -admin", errRefused)
+	} else if err := done(&prog.Steps.Client, "client", ""); err != nil {
 		return err
 	}
 	// A bare deployment is called as local-openai/<name>; subscription routes and selectors are refused: their ledger
@@ -384,13 +378,11 @@ func onboard(e *cliEnv, o opts, _ []string) error {
 	}
 	if err := done(&prog.Steps.Route, "route", c.res.Route); err != nil {
 		return err
-	}
-	if prog.Steps.Answer != nil && model == "" {
+	} else if prog.Steps.Answer != nil && model == "" {
 		return done(&prog.Steps.Answer, "answer", "") // done on an earlier run
 	} else if model == "" || !o.b("allow-provider-cost") {
 		return next("brama onboard -model "+cmp.Or(model, "<route>")+" -allow-provider-cost", nil)
-	}
-	if _, ae := eng.ping(e.ctx, c, nil); ae != nil { // one ping, as the probe's (SPEC §11.3)
+	} else if _, ae := eng.ping(e.ctx, c, nil); ae != nil { // one ping, as the probe's (SPEC §11.3)
 		return fmt.Errorf("no model answer: %s", ae.Message)
 	}
 	return done(&prog.Steps.Answer, "answer", c.res.Route)

@@ -455,10 +455,9 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	if data, cause := s.catalog.current(); data == nil {
 		warn("%s", cause)
 	}
-	if fo, err := s.journal.folded(); err == nil {
-		if warnings = append(warnings, fo.bad...); fo.badN > len(fo.bad) {
-			warn("the journal holds %d more unreadable lines (brama journal check lists them)", fo.badN-len(fo.bad))
-		}
+	fo, _ := s.journal.folded() // an error folds nothing
+	if warnings = append(warnings, fo.bad...); fo.badN > len(fo.bad) {
+		warn("the journal holds %d more unreadable lines (brama journal check lists them)", fo.badN-len(fo.bad))
 	}
 	invWarnings, subPayer := s.inv.readiness()
 	if warnings = append(warnings, invWarnings...); !subPayer && !s.anyDirectPayer() {
