@@ -258,20 +258,17 @@ func commands() []command {
 					return fmt.Errorf("agent %q has no subscription %q that is %s and not retired; nothing to sign in", agent, id, provider)
 				}
 				fmt.Fprintf(e.stderr, "brama: open this URL, sign in, then paste the code (or the whole redirect URL) as the next line:\n%s\n", pending.url)
-				code := e.line()
-				if code == "" {
+				if code := e.line(); code == "" {
 					return errors.New("sign-in stopped: no authorization code on stdin")
-				}
-				grant, err := newOAuth(e.getenv, newProviderClient(), nil, nil, slog.New(slog.DiscardHandler), time.Now).exchangeCode(e.ctx, pending, code)
-				if err != nil {
+				} else if grant, err := newOAuth(e.getenv, newProviderClient(), nil, nil, slog.New(slog.DiscardHandler), time.Now).exchangeCode(e.ctx, pending, code); err != nil {
 					return fmt.Errorf("sign-in failed, nothing was stored: %w", err)
 				} else if id == "" {
 					return e.donate(agent, "?via="+signInVia, donation{Provider: provider, Label: o.s("label"), OAuth: &grant})
+				} else if _, err = e.call("PUT", subscriptionPath(agent, id, "credential"), vaultCredential{OAuth: &grant}, nil); err != nil {
+					return err
 				}
-				if _, err = e.call("PUT", subscriptionPath(agent, id, "credential"), vaultCredential{OAuth: &grant}, nil); err == nil {
-					fmt.Fprintf(e.stderr, "brama: signed in; subscription %s of agent %s has a new %s grant\n", id, agent, provider)
-				}
-				return e.say(err, "%s\n", id)
+				fmt.Fprintf(e.stderr, "brama: signed in; subscription %s of agent %s has a new %s grant\n", id, agent, provider)
+				return e.say(nil, "%s\n", id)
 			}},
 		{name: "subscription prune-orphans", args: "[-gateway URL]", flags: []flagSpec{gateway}, purpose: "remove the vault's subscription credentials no subscription names", example: "BRAMA_TOKEN=$T brama subscription prune-orphans",
 			run: func(e *cliEnv, _ opts, _ []string) error {
@@ -304,11 +301,10 @@ func commands() []command {
 				body, rerr := os.ReadFile(p[0])
 				rec := &answerRecord{Body: body, Signature: &sig}
 				if err = cmp.Or(err, rerr); err == nil && sig == "" {
-					if rec, err = decodeAnswerRecord(body); err == nil && rec.State != answerComplete {
-						err = errors.New("the answer is still in progress; there is no signature to check")
-					}
-					if err != nil {
+					if rec, err = decodeAnswerRecord(body); err != nil {
 						err = fmt.Errorf("%s: %w", p[0], err)
+					} else if rec.State != answerComplete {
+						err = fmt.Errorf("%s: the answer is still in progress; there is no signature to check", p[0])
 					}
 				}
 				if err == nil && signAnswer(key, rec.Body) != *rec.Signature { // no timing to hide: the caller reads the key
@@ -328,15 +324,13 @@ func commands() []command {
 				}
 				names, _ := fs.Glob(os.DirFS(dir), "*/*.json") // <client>/<key>.json; dir's path is no pattern
 				before, removed := time.Now().Add(-age).UTC().Format(journalTimeFormat), 0
-				for _, name := range names {
-					name = filepath.Join(dir, name)
+				for i := 0; i < len(names) && err == nil; i++ { // the first failed removal ends the pass
+					name := filepath.Join(dir, names[i])
 					if rec, rerr := readAnswerFile(name); rerr != nil {
 						fmt.Fprintf(e.stderr, "brama: skipped %s: %v\n", name, rerr)
 					} else if rec.State == answerComplete && *rec.CompletedAt < before { // state times sort as text
-						if err = errors.Join(os.Remove(name), syncDir(filepath.Dir(name))); err != nil {
-							break
-						}
-						removed++
+						err = errors.Join(os.Remove(name), syncDir(filepath.Dir(name)))
+						removed += boolCount(err == nil)
 					}
 				}
 				fmt.Fprintf(e.stdout, "removed %d complete answers older than %s\n", removed, age)
@@ -436,7 +430,7 @@ func run(ctx context.Context, cut <-chan struct{}, args []string, getenv func(st
 	if err == nil {
 		err = c.run(e, o, pos)
 	}
-	if ue := (*usageError)(nil); errors.As(err, &ue) && ue.cmd == "" {
+	if ue, ok := errors.AsType[*usageError](err); ok && ue.cmd == "" {
 		ue.cmd = c.name
 	}
 	return err
