@@ -154,17 +154,13 @@ candidates:
 		queue, pays := []overlayItem{{}}, res.Mode != modeDirect && res.Mode != modeAlias // a direct key makes the one call
 		var err error
 		if pays {
-			switch queue = j.pool; {
-			case poolRefused[p.id]:
-				e.note(res.Route, "skipped: every "+p.id+" subscription already refused")
-				continue
-			case queue == nil:
+			if queue = j.pool; queue == nil && !poolRefused[p.id] { // one that refused all is not walked again
 				if queue, err = e.eligible(p.id); err != nil {
 					return asAPIError(err).withAttempts(e.t.attempts)
 				}
 			}
 			if len(queue) == 0 {
-				e.note(res.Route, `no usable "`+p.id+`" subscription`)
+				e.note(res.Route, `skipped: no "`+p.id+`" subscription left (none usable, or every one refused already)`)
 				continue
 			}
 			if j.selects {
@@ -269,14 +265,12 @@ func (e *engine) exhausted(res resolution, tried bool, unfit *apiError) *apiErro
 		ae = e.refreshTransport
 	case n == 0 && len(e.blocks) > 0: // no call, so every block met was a skip
 		ae = refuse("subscription_unavailable", "every eligible subscription is blocked: %s", list)
-	case n == 0:
-		ae = refuse("subscription_reauthorization_required", "no subscription could be refreshed; sign in again: %s", list)
 	case slices.Contains(e.met, refusalRate):
 		ae = refuse("provider_rate_limited", "the provider refused for rate: %s", list)
 	case slices.Contains(e.met, refusalQuota):
 		ae = refuse("provider_quota_exhausted", "the provider says the quota is spent: %s", list)
-	case slices.Contains(e.met, refusalAuth):
-		ae = refuse("subscription_reauthorization_required", "the provider refused the credentials; sign in again: %s", list)
+	case n == 0 || slices.Contains(e.met, refusalAuth): // refused by the provider, meanwhile, or at a refresh; unsendable
+		ae = refuse("subscription_reauthorization_required", "no credential was accepted; sign in again: %s", list)
 	}
 	if ae.Status() == http.StatusTooManyRequests && len(e.blocks) > 0 { // SPEC §7.2.5
 		ae.RetryAfter = max(slices.MinFunc(e.blocks, time.Time.Compare).Sub(e.now()), time.Second)
@@ -284,16 +278,14 @@ func (e *engine) exhausted(res resolution, tried bool, unfit *apiError) *apiErro
 	return ae.withAttempts(n)
 }
 
-// testingOnlyBeforeCall runs as send starts a call (nil in production).
-var testingOnlyBeforeCall func(context.Context)
+// testingOnlyBeforeCall runs as send starts a call (a no-op in production).
+var testingOnlyBeforeCall = func(context.Context) {}
 
 // send makes one provider call, the one place an attempt is counted: a 2xx with its body unread, else the failure (a whole
 // non-2xx's classified, else of no class); plan windows reach sub's ledger from every answer (SPEC §6.3).
 func (e *engine) send(hr *http.Request, c call, sub *overlayItem) (_ *http.Response, _ providerRefusal, made bool) {
 	p := c.res.Provider
-	if testingOnlyBeforeCall != nil {
-		testingOnlyBeforeCall(hr.Context())
-	}
+	testingOnlyBeforeCall(hr.Context())
 	if err := hr.Context().Err(); err != nil { // the caller hung up since the last call: none is sent
 		return nil, providerRefusal{err: classifyTransport(err)}, false
 	}
@@ -455,13 +447,11 @@ func (e *engine) subscriptionCredential(ctx context.Context, j *job, sub overlay
 		if token != "" || (expiredForRequest(*g, e.now()) && !slices.Contains(e.refreshed, sub.ID)) {
 			e.refreshed = append(e.refreshed, sub.ID)
 			ng, err := e.oauth.refresh(ctx, sub.ID, sub.Provider, token)
-			var re *endpointError
-			switch {
-			case errors.Is(err, errRefreshSuperseded): // a sign-in replaced the grant meanwhile: the call uses its (SPEC §11.1)
+			if errors.Is(err, errRefreshSuperseded) { // a sign-in replaced the grant meanwhile: the call uses its (SPEC §11.1)
 				return e.subscriptionCredential(ctx, j, sub, "")
-			case err != nil && ctx.Err() != nil: // the caller hung up while it waited: no skip, no call (SPEC §7.4)
+			} else if err != nil && ctx.Err() != nil { // the caller hung up while it waited: no skip, no call (SPEC §7.4)
 				return upstreamCredential{}, refuse("client_cancelled", "the caller went away during a grant refresh").because(err)
-			case errors.As(err, &re) && !re.Definitive:
+			} else if re, ok := errors.AsType[*endpointError](err); ok && !re.Definitive {
 				if e.refreshTransport == nil { // the first
 					e.refreshTransport = refuse("dependency_unavailable", "%s", redact(re.Error())).because(err)
 				}
