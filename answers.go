@@ -85,7 +85,7 @@ func (e *engine) serveModelCall(ctx context.Context, w http.ResponseWriter, req 
 		if b, err := readWhole(p, resp); err != nil {
 			return u, asAPIError(err).withAttempts(e.t.attempts), false
 		} else if err = json.Unmarshal(b, &ans); err != nil || ans.InputTokens == nil {
-			return u, asAPIError(malformedAnswer(protoAnthropic, err)).withAttempts(e.t.attempts), false
+			return u, malformedAnswer(protoAnthropic, err).withAttempts(e.t.attempts), false
 		}
 		writeAnswer(w, resp.Header, true, "application/json", e.t.attempts,
 			fmt.Appendf(nil, "{\"input_tokens\":%d}\n", *ans.InputTokens))
@@ -113,6 +113,7 @@ func (e *engine) serveModelCall(ctx context.Context, w http.ResponseWriter, req 
 }
 
 const (
+	maxReplayMessage = 256           // message bytes a replay entry keeps: 10,000 entries stay a few MB
 	answerInProgress = "in_progress" // record states (SPEC §12 item 4)
 	answerComplete   = "complete"
 	abandonedMessage = "this answer's process stopped before it was kept; a provider call may have been made" // SPEC §12 item 2
@@ -123,6 +124,7 @@ var (
 	errAnswerCorrupt     = errors.New("not a kept answer")           // wraps every decode error: not SPEC §12's shape
 	errSignatureMismatch = errors.New("signature mismatch")          // `brama answers verify`'s refusal
 	errServerShutdown    = errors.New("the server is shutting down") // serve's second signal: what it cancels keeps item 2's refusal
+	errReplayRefused     = errors.New("replay guard: the same request was refused after a provider call")
 )
 
 // answerRecord is one kept-answer file (SPEC §12); in progress, the members only completion knows are null. Reserved by
@@ -386,10 +388,6 @@ func (a *answerStore) keep(t *answerRecord, w *httptest.ResponseRecorder, attemp
 	w.HeaderMap.Set("Brama-Answer-Signature", sig)
 	return nil
 }
-
-const maxReplayMessage = 256 // message bytes a replay entry keeps: 10,000 entries stay a few MB
-
-var errReplayRefused = errors.New("replay guard: the same request was refused after a provider call") // the log's cause
 
 // replayGuard refuses again, without a call, a request refused after a provider call (SPEC §8.1, §17: the Codex CLI and the
 // official SDKs re-send a refused request, each maybe billed again), until its window ends or the operator's fix. In memory;
