@@ -196,11 +196,9 @@ type rule struct {
 	why string
 }
 
-// firstBroken is the refusal of the first broken rule, formatted with args (none: why is already formatted), or nil.
+// firstBroken is the refusal of the first broken rule, its why formatted with args (no args: why has no verb), or nil.
 func firstBroken(rules []rule, args ...any) error {
-	if i := slices.IndexFunc(rules, func(r rule) bool { return r.bad }); i >= 0 && len(args) == 0 {
-		return errors.New(rules[i].why)
-	} else if i >= 0 {
+	if i := slices.IndexFunc(rules, func(r rule) bool { return r.bad }); i >= 0 {
 		return fmt.Errorf(rules[i].why, args...)
 	}
 	return nil
