@@ -84,8 +84,6 @@ type (
 	}
 )
 
-const chatKnown = "model messages tools tool_choice parallel_tool_calls max_tokens max_completion_tokens temperature top_p stop response_format reasoning_effort verbosity stream stream_options " + openAISharedNames
-
 // chatNested names the members Brama carries of what a part or tool nests under its type (and a Responses tool's).
 var chatNested = map[string]string{"image_url": "url detail", "file": "file_data filename",
 	toolFunction: "type name description parameters strict", toolCustom: "type name description format"}
@@ -93,7 +91,7 @@ var chatNested = map[string]string{"image_url": "url detail", "file": "file_data
 // parseChatCompletions parses a caller's body; every step runs and the first refusal wins.
 func parseChatCompletions(cr *callerRequest) (chatRequest, error) {
 	var b chatRequestBody
-	req, err := newCallerRequest(cr, &b, &b.callerHead, chatKnown)
+	req, err := newCallerRequest(cr, &b, &b.callerHead, "model messages tools tool_choice parallel_tool_calls max_tokens max_completion_tokens temperature top_p stop response_format reasoning_effort verbosity stream stream_options "+openAISharedNames)
 	req.Shared, req.ParallelToolCalls, req.Verbosity = b.openAIShared, b.ParallelToolCalls, b.Verbosity
 	req.Effort, req.EffortName = b.ReasoningEffort, map[bool]string{true: "reasoning_effort"}[b.ReasoningEffort != ""]
 	if rawShape(b.Stop) == '"' { // one sequence, or an array of them

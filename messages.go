@@ -88,9 +88,8 @@ type (
 	}
 )
 
-// A caller body's members; the Anthropic-Beta values output_config.effort and a JSON Schema output need (SPEC §7.6).
+// The Anthropic-Beta values output_config.effort and a JSON Schema output need (SPEC §7.6).
 const (
-	messagesKnown         = "model max_tokens system messages tools tool_choice temperature top_p stop_sequences thinking output_config output_format stream"
 	effortBeta            = "effort-2025-11-24"
 	structuredOutputsBeta = "structured-outputs-2025-11-13"
 )
@@ -114,7 +113,7 @@ var (
 // parseMessages reads a caller's Messages body; every step runs and the first refusal wins.
 func parseMessages(cr *callerRequest) (chatRequest, error) {
 	var b messagesRequestBody
-	req, err := newCallerRequest(cr, &b, &b.callerHead, messagesKnown)
+	req, err := newCallerRequest(cr, &b, &b.callerHead, "model max_tokens system messages tools tool_choice temperature top_p stop_sequences thinking output_config output_format stream")
 	if !rawIsNull(b.System) {
 		err = cmp.Or(err, req.addSystemOf(b.System, "system", "text"))
 	}

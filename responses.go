@@ -82,8 +82,6 @@ type (
 	}
 )
 
-const responsesKnown = "model instructions input tools tool_choice parallel_tool_calls max_output_tokens temperature top_p reasoning text stream " + openAISharedNames
-
 // Tables: the members Brama carries of each part type; a call's item type, a custom tool's or a function's ("_output"
 // makes its result's); incomplete_details.reason as finishes (responsesFrames the other way); each item type's events.
 var (
@@ -99,7 +97,7 @@ var (
 // parseResponses reads a caller's Responses body; every step runs and the first refusal wins.
 func parseResponses(cr *callerRequest) (chatRequest, error) {
 	var b responsesRequestBody
-	req, err := newCallerRequest(cr, &b, &b.callerHead, responsesKnown)
+	req, err := newCallerRequest(cr, &b, &b.callerHead, "model instructions input tools tool_choice parallel_tool_calls max_output_tokens temperature top_p reasoning text stream "+openAISharedNames)
 	for _, ref := range []string{"previous_response_id", "conversation", "prompt"} { // refused as item_reference is
 		if err == nil && !rawIsNull(rawMember(cr.body.src, ref)) {
 			err = refuse("invalid_request", "%s is not supported across formats: it names what only the "+
