@@ -324,10 +324,9 @@ func (req *chatRequest) callerTextOf(raw json.RawMessage, what, textType, sep st
 // jsonObject reads a JSON Schema, a tool_use input or a call's arguments: null is nil, an object compacted, the rest refused.
 func jsonObject(raw json.RawMessage, what string) (json.RawMessage, error) {
 	var b bytes.Buffer
-	switch {
-	case rawIsNull(raw):
+	if rawIsNull(raw) {
 		return nil, nil
-	case rawShape(raw) != '{' || json.Compact(&b, raw) != nil:
+	} else if rawShape(raw) != '{' || json.Compact(&b, raw) != nil {
 		return nil, refuse("invalid_request", "%s must be a JSON object", what)
 	}
 	return b.Bytes(), nil

@@ -32,12 +32,10 @@ type rawObject struct {
 func parseRawObject(src []byte) (rawObject, error) {
 	if !json.Valid(src) {
 		return rawObject{}, decodeCallerJSON(src, new(any), "")
+	} else if o, ok := splitRaw(src, '{', make([]jsonMember, 0, 8)); ok {
+		return o, nil
 	}
-	o, ok := splitRaw(src, '{', make([]jsonMember, 0, 8))
-	if !ok {
-		return o, refuse("invalid_request", "the request body must be a JSON object")
-	}
-	return o, nil
+	return rawObject{}, refuse("invalid_request", "the request body must be a JSON object")
 }
 
 // splitRaw splits the valid JSON object or array (open '{' or '[') at src's start into members in scratch's storage:
