@@ -166,12 +166,6 @@ type callerRequest struct {
 	sent    *chatRequest  // the last translated call's request, Dropped what it lost (chatRequest.drop)
 }
 
-var outputLimitNames = map[string][]string{
-	dialectChat:      {"max_completion_tokens", "max_tokens"},
-	dialectMessages:  {"max_tokens"},
-	dialectResponses: {"max_output_tokens"},
-}
-
 // readCallerRequest reads a caller body's head, the one check of its model, stream and output limit (SPEC §7.6).
 func readCallerRequest(dialect string, r *http.Request, body []byte) (*callerRequest, error) {
 	o, err := parseRawObject(body)
@@ -185,7 +179,7 @@ func readCallerRequest(dialect string, r *http.Request, body []byte) (*callerReq
 	if v := o.value("stream"); !rawIsNull(v) && json.Unmarshal(v, &cr.head.Stream) != nil {
 		return nil, refuse("invalid_request", "stream must be a boolean")
 	}
-	for _, name := range outputLimitNames[dialect] {
+	for _, name := range valueOr(formatOf(dialect), wireFormat{}).limits { // embeddings: no format, no limit
 		if v := o.value(name); !rawIsNull(v) {
 			var n int
 			if json.Unmarshal(v, &n) != nil || n < 1 {
@@ -217,7 +211,7 @@ func buildChatRequest(ctx context.Context, c call, cr *callerRequest) (*http.Req
 	}
 	var edits []memberEdit
 	if cr.head.MaxTokens > 0 && cr.head.LimitName == "" && !p.codex {
-		names := outputLimitNames[formatOf(p.protocol).dialect]
+		names := formatOf(p.protocol).limits
 		name := cmp.Or(p.limitName, names[len(names)-1])
 		edits = append(edits, memberEdit{name, strconv.AppendInt(nil, int64(cr.head.MaxTokens), 10)})
 	}
