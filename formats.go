@@ -144,7 +144,8 @@ type outputFormat struct {
 
 // wireFormat is one row of the format table: a format's dialect, protocol and translations.
 type wireFormat struct {
-	dialect, protocol, path string // path: the provider endpoint below the base URL
+	dialect, protocol, path string   // path: the provider endpoint below the base URL
+	limits                  []string // the output limit's names: the first a caller sent wins; a call adds the last
 	parse                   func(cr *callerRequest) (chatRequest, error)
 	encode                  func(req *chatRequest, c call, h http.Header) ([]byte, error)              // req.Stream: whether c streams; h: its headers
 	decode                  func(body []byte, r *streamReader) error                                   // a 2xx buffered body given r's caller stream
@@ -154,9 +155,12 @@ type wireFormat struct {
 
 // wireFormats is the one table of the three formats; it never changes.
 var wireFormats = []wireFormat{
-	{dialectChat, protoOpenAIChat, "/chat/completions", parseChatCompletions, encodeChat, decodeChat, (*callerStream).chatFrames, (*streamReader).readChat},
-	{dialectMessages, protoAnthropic, "/v1/messages", parseMessages, encodeMessages, decodeMessages, (*callerStream).messagesFrames, (*streamReader).readMessages},
-	{dialectResponses, protoOpenAIResponses, "/responses", parseResponses, encodeResponses, decodeResponses, (*callerStream).responsesFrames, (*streamReader).readResponses},
+	{dialectChat, protoOpenAIChat, "/chat/completions", []string{"max_completion_tokens", "max_tokens"},
+		parseChatCompletions, encodeChat, decodeChat, (*callerStream).chatFrames, (*streamReader).readChat},
+	{dialectMessages, protoAnthropic, "/v1/messages", []string{"max_tokens"},
+		parseMessages, encodeMessages, decodeMessages, (*callerStream).messagesFrames, (*streamReader).readMessages},
+	{dialectResponses, protoOpenAIResponses, "/responses", []string{"max_output_tokens"},
+		parseResponses, encodeResponses, decodeResponses, (*callerStream).responsesFrames, (*streamReader).readResponses},
 }
 
 // formatOf is the row of a dialect or protocol (every error its parse returns is an invalid_request *apiError).
@@ -324,10 +328,9 @@ func (req *chatRequest) callerTextOf(raw json.RawMessage, what, textType, sep st
 // jsonObject reads a JSON Schema, a tool_use input or a call's arguments: null is nil, an object compacted, the rest refused.
 func jsonObject(raw json.RawMessage, what string) (json.RawMessage, error) {
 	var b bytes.Buffer
-	switch {
-	case rawIsNull(raw):
+	if rawIsNull(raw) {
 		return nil, nil
-	case rawShape(raw) != '{' || json.Compact(&b, raw) != nil:
+	} else if rawShape(raw) != '{' || json.Compact(&b, raw) != nil {
 		return nil, refuse("invalid_request", "%s must be a JSON object", what)
 	}
 	return b.Bytes(), nil

@@ -32,12 +32,10 @@ type rawObject struct {
 func parseRawObject(src []byte) (rawObject, error) {
 	if !json.Valid(src) {
 		return rawObject{}, decodeCallerJSON(src, new(any), "")
+	} else if o, ok := splitRaw(src, '{', make([]jsonMember, 0, 8)); ok {
+		return o, nil
 	}
-	o, ok := splitRaw(src, '{', make([]jsonMember, 0, 8))
-	if !ok {
-		return o, refuse("invalid_request", "the request body must be a JSON object")
-	}
-	return o, nil
+	return rawObject{}, refuse("invalid_request", "the request body must be a JSON object")
 }
 
 // splitRaw splits the valid JSON object or array (open '{' or '[') at src's start into members in scratch's storage:
@@ -168,12 +166,6 @@ type callerRequest struct {
 	sent    *chatRequest  // the last translated call's request, Dropped what it lost (chatRequest.drop)
 }
 
-var outputLimitNames = map[string][]string{
-	dialectChat:      {"max_completion_tokens", "max_tokens"},
-	dialectMessages:  {"max_tokens"},
-	dialectResponses: {"max_output_tokens"},
-}
-
 // readCallerRequest reads a caller body's head, the one check of its model, stream and output limit (SPEC §7.6).
 func readCallerRequest(dialect string, r *http.Request, body []byte) (*callerRequest, error) {
 	o, err := parseRawObject(body)
@@ -187,7 +179,7 @@ func readCallerRequest(dialect string, r *http.Request, body []byte) (*callerReq
 	if v := o.value("stream"); !rawIsNull(v) && json.Unmarshal(v, &cr.head.Stream) != nil {
 		return nil, refuse("invalid_request", "stream must be a boolean")
 	}
-	for _, name := range outputLimitNames[dialect] {
+	for _, name := range valueOr(formatOf(dialect), wireFormat{}).limits { // embeddings: no format, no limit
 		if v := o.value(name); !rawIsNull(v) {
 			var n int
 			if json.Unmarshal(v, &n) != nil || n < 1 {
@@ -219,7 +211,7 @@ func buildChatRequest(ctx context.Context, c call, cr *callerRequest) (*http.Req
 	}
 	var edits []memberEdit
 	if cr.head.MaxTokens > 0 && cr.head.LimitName == "" && !p.codex {
-		names := outputLimitNames[formatOf(p.protocol).dialect]
+		names := formatOf(p.protocol).limits
 		name := cmp.Or(p.limitName, names[len(names)-1])
 		edits = append(edits, memberEdit{name, strconv.AppendInt(nil, int64(cr.head.MaxTokens), 10)})
 	}

@@ -315,12 +315,11 @@ func (r *streamReader) run(body io.Reader, relay func(block []byte, flush bool) 
 	rd := newSSEReader(body, map[bool]string{false: "\n", true: "\r\n"}[r.out != nil]) // as newSSEReader says
 	for {
 		raw, event, data, err := rd.next()
-		switch {
-		case err != nil && !r.finished:
+		if err != nil && !r.finished {
 			return streamCut(err)
-		case err != nil && relay != nil: // only chat is finished before its end ([DONE])
+		} else if err != nil && relay != nil { // only chat is finished before its end ([DONE])
 			return relay([]byte("data: [DONE]\n\n"), false)
-		case err != nil:
+		} else if err != nil {
 			return nil
 		}
 		keep, end, err := r.read(event, data)
