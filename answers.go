@@ -61,9 +61,7 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 	kinds := map[string]budget{modeDirect: budgets.direct, modeAlias: budgets.direct, modeSubscription: budgets.subscription}
 	j := &job{budget: cmp.Or(kinds[c.res.Mode], budgets.selector), build: buildChatRequest, commit: deliver}
 	ae := e.attemptRoute(ctx, j, c, req, cands)
-	if ae != nil { // the replay guard learns a refusal before the caller reads it
-		e.t.remember(ae, e.t.attempts, ctx.Err() != nil, false)
-	}
+	e.t.remember(ae, e.t.attempts, ctx.Err() != nil, false) // the replay guard learns a refusal before the caller reads it
 	return ae
 }
 
@@ -300,10 +298,9 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 // one left unkept, or, with no place, §2.1's. A stopped process's reservation is first completed as item 2's refusal.
 func (a *answerStore) reserve(c signedCall) (*answerRecord, error) {
 	switch k := c.keys[0]; { // SPEC §12: one header of 1..255 printable ASCII characters, on a buffered request
-	case len(c.keys) > 1:
-		return nil, refuse("invalid_request", "send one Idempotency-Key header")
-	case len(k) < 1 || len(k) > 255 || strings.ContainsFunc(k, func(r rune) bool { return r < 0x20 || r > 0x7e }):
-		return nil, refuse("invalid_request", "Idempotency-Key must be 1 to 255 printable ASCII characters")
+	case len(c.keys) > 1 || len(k) < 1 || len(k) > 255 ||
+		strings.ContainsFunc(k, func(r rune) bool { return r < 0x20 || r > 0x7e }):
+		return nil, refuse("invalid_request", "send one Idempotency-Key header of 1 to 255 printable ASCII characters")
 	case c.stream:
 		return nil, refuse("invalid_request", "Idempotency-Key keeps one buffered answer; it cannot be used with stream: true")
 	}
@@ -510,7 +507,8 @@ func (g *replayGuard) check(client, agent string, h http.Header, body rawObject,
 		refusal.withStatus(e.status).because(errReplayRefused).withAttempts(0)
 	}
 	return refusal, func(ae *apiError, attempts int, hungUp, streamed bool) {
-		if attempts == 0 || hungUp || ae.Code == "client_cancelled" || ae.Code == "subscription_reauthorization_required" || ae.Retryable {
+		if ae == nil || attempts == 0 || hungUp || ae.Retryable ||
+			ae.Code == "client_cancelled" || ae.Code == "subscription_reauthorization_required" {
 			return
 		}
 		loose := ae.Code == "provider_incomplete" || ae.Code == "provider_failure"
