@@ -195,8 +195,7 @@ func (o *oauthClient) tokenCall(ctx context.Context, p providerInfo, g oauthGran
 	endpoint, err := envURL(o.getenv, "OAUTH", p.id, "TOKEN_URL", p.tokenURL)
 	if err != nil {
 		return oauthGrant{}, err
-	}
-	if v, ok := fields["refresh_token"]; ok && v == "" {
+	} else if v, ok := fields["refresh_token"]; ok && v == "" {
 		return oauthGrant{}, &endpointError{Definitive: true, Endpoint: endpoint,
 			Sentence: errNoRefreshToken.Error(), Err: errNoRefreshToken}
 	}

@@ -81,8 +81,7 @@ func checkCredential(provider string, cred vaultCredential) (vaultCredential, er
 		{!printable(g.AccessToken) || !printable(g.RefreshToken), "oauth tokens must be printable text (no newline or other control character)"},
 		{g.ExpiresAtMs < 0, "oauth expires_at_ms must not be negative"}}); err != nil {
 		return cred, refuse("invalid_request", "%s", err)
-	}
-	if !isKey {
+	} else if !isKey {
 		cred.OAuth = new(fillGrant(provider, *g))
 	}
 	return cred, nil
@@ -216,8 +215,7 @@ func (inv *inventory) store(it overlayItem, cred vaultCredential, by string) (ov
 	}
 	if err := checkItem(it, nil); fresh && err != nil {
 		return overlayItem{}, refuse("invalid_request", "%s", err)
-	}
-	if err := inv.j.ready(); by != "" && err != nil {
+	} else if err := inv.j.ready(); by != "" && err != nil {
 		return overlayItem{}, refuse("dependency_unavailable", "the journal cannot record a sign-in: %v", err).because(err)
 	}
 	err := inv.write(func() (err error) {
@@ -284,8 +282,7 @@ func (inv *inventory) setRetired(kind, agent, id, reason string) error {
 	return inv.write(func() error {
 		if _, retired, err := inv.owned(agent, id, ""); err != nil || retired == (kind == "retire") {
 			return err
-		}
-		if err := inv.j.append(journalRecord{Kind: kind, SubscriptionID: id, Reason: reason}); err != nil {
+		} else if err := inv.j.append(journalRecord{Kind: kind, SubscriptionID: id, Reason: reason}); err != nil {
 			return refuse("dependency_unavailable", "subscription not changed: the journal refused the %s: %v", kind, err).because(err)
 		}
 		inv.log.Info("subscription_"+kind, "subscription_id", id, "agent_id", agent)
