@@ -27,28 +27,26 @@ const (
 	defaultBlock, maxRetryAfter = 15 * time.Minute, 7 * 24 * time.Hour
 )
 
-// planWindow is one plan window's latest reading; traffic and reports share an id, so either replaces the other.
-type planWindow struct {
-	ID           string  `json:"id"` // anthropic:5h, anthropic:7d, codex:primary, codex:secondary, kimi:usage, kimi:limit-<i>
-	Label        string  `json:"label"`
-	UsedFraction float64 `json:"used_fraction"` // clamped to [0,1]
-	ResetsAtMs   int64   `json:"resets_at_ms"`  // 0 unknown
-	RecordedAtMs int64   `json:"recorded_at_ms"`
-	Source       string  `json:"source"` // windowSourceTraffic or windowSourceReport
-}
-
-// ledgerEntry is one subscription's record (SPEC §10.3); a time 0 is unknown, none or never.
-type ledgerEntry struct {
-	Provider   string           `json:"provider"`
-	Windows    []planWindow     `json:"windows"`
-	Block      ledgerBlock      `json:"block"` // the block a 429 or quota refusal left
-	Credential ledgerCredential `json:"credential"`
-	Measured   ledgerMeasured   `json:"measured"` // what Brama itself saw of the subscription's use
-	UsageRead  ledgerCheck      `json:"usage_read"`
-	Probe      ledgerCheck      `json:"probe"`
-}
-
 type (
+	// planWindow is one plan window's latest reading; traffic and reports share an id, so either replaces the other.
+	planWindow struct {
+		ID           string  `json:"id"` // anthropic:5h, anthropic:7d, codex:primary, codex:secondary, kimi:usage, kimi:limit-<i>
+		Label        string  `json:"label"`
+		UsedFraction float64 `json:"used_fraction"` // clamped to [0,1]
+		ResetsAtMs   int64   `json:"resets_at_ms"`  // 0 unknown
+		RecordedAtMs int64   `json:"recorded_at_ms"`
+		Source       string  `json:"source"` // windowSourceTraffic or windowSourceReport
+	}
+	// ledgerEntry is one subscription's record (SPEC §10.3); a time 0 is unknown, none or never.
+	ledgerEntry struct {
+		Provider   string           `json:"provider"`
+		Windows    []planWindow     `json:"windows"`
+		Block      ledgerBlock      `json:"block"` // the block a 429 or quota refusal left
+		Credential ledgerCredential `json:"credential"`
+		Measured   ledgerMeasured   `json:"measured"` // what Brama itself saw of the subscription's use
+		UsageRead  ledgerCheck      `json:"usage_read"`
+		Probe      ledgerCheck      `json:"probe"`
+	}
 	ledgerBlock struct {
 		UntilMs      int64  `json:"until_ms"`
 		Reason       string `json:"reason"`
@@ -400,10 +398,9 @@ type codexReading struct {
 func (r codexReading) codexWindow(which string, now time.Time, source string) (planWindow, bool) {
 	w := newWindow("codex:"+which, windowLabel(r.Seconds.v/60, which+" window"), r.UsedPercent.v/100, r.ResetAt.ms, now, source)
 	traffic, after := source == windowSourceTraffic, r.After.v
-	switch {
-	case r.Seconds.ok && r.Seconds.v == 0:
+	if r.Seconds.ok && r.Seconds.v == 0 {
 		w.ResetsAtMs = 0
-	case r.After.ok && (after > 0 || traffic && after == 0) && after < planMaxResetSeconds && (traffic || r.ResetAt.ms == 0):
+	} else if r.After.ok && (after > 0 || traffic && after == 0) && after < planMaxResetSeconds && (traffic || r.ResetAt.ms == 0) {
 		w.ResetsAtMs = epochMs(float64(now.UnixMilli()) + after*1000)
 	}
 	return w, r.UsedPercent.ok
@@ -429,10 +426,8 @@ func numberOf(s string) number {
 	if err == nil && !math.IsNaN(f) && !math.IsInf(f, 0) {
 		return number{v: f, ok: true, ms: epochMs(map[bool]float64{true: f * 1000, false: f}[f < 1e12])}
 	}
-	if tm, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(s)); err == nil {
-		return number{ms: epochMs(float64(tm.UnixMilli()))}
-	}
-	return number{}
+	tm, _ := time.Parse(time.RFC3339Nano, strings.TrimSpace(s)) // unparsed, it is year 1: before the epoch, no moment
+	return number{ms: epochMs(float64(tm.UnixMilli()))}
 }
 
 func epochMs(f float64) int64 {

@@ -28,6 +28,13 @@ var (
 	errNoRefreshToken    = errors.New("the stored grant has no refresh token")
 	errRefreshSuperseded = errors.New("the vault's grant changed during the refresh; its result was discarded")
 	errStateMismatch     = errors.New("the pasted code belongs to another sign-in (state differs)")
+	// definitiveErrors say the grant or client is no good (RFC 6749 §5.2, RFC 6750 §3.1; OpenAI's codes, final to the Codex CLI).
+	definitiveErrors = map[string]bool{
+		"invalid_grant": true, "invalid_token": true, "invalid_client": true, "unauthorized_client": true,
+		"refresh_token_reused": true, "refresh_token_expired": true, "refresh_token_invalidated": true,
+	}
+	// oauthErrorCode is a code worth quoting (RFC 6749 §5.2's short words); prose could carry a secret.
+	oauthErrorCode = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,64}$`)
 )
 
 // oauthClient refreshes and exchanges grants, one refresh per subscription shared by all who ask (B8): a 401 burst spends one.
@@ -115,14 +122,12 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 	log := o.log.With("subscription_id", id, "provider", provider)
 	var re *endpointError
 	defer func() {
-		switch {
-		case err == nil:
-		case errors.Is(err, errRefreshSuperseded):
+		if errors.Is(err, errRefreshSuperseded) {
 			log.Info("credential_refresh_superseded")
-		case errors.As(err, &re) && re.Definitive:
+		} else if errors.As(err, &re) && re.Definitive {
 			o.ledger.disown(id, provider, re.Sentence)
 			log.Warn("credential_refresh_refused", "endpoint", re.Endpoint, "status", re.Status, "cause", re.Sentence)
-		default:
+		} else if err != nil {
 			log.Warn("credential_refresh_failed", "error", err.Error())
 		}
 	}()
@@ -190,8 +195,7 @@ func (o *oauthClient) tokenCall(ctx context.Context, p providerInfo, g oauthGran
 	endpoint, err := envURL(o.getenv, "OAUTH", p.id, "TOKEN_URL", p.tokenURL)
 	if err != nil {
 		return oauthGrant{}, err
-	}
-	if v, ok := fields["refresh_token"]; ok && v == "" {
+	} else if v, ok := fields["refresh_token"]; ok && v == "" {
 		return oauthGrant{}, &endpointError{Definitive: true, Endpoint: endpoint,
 			Sentence: errNoRefreshToken.Error(), Err: errNoRefreshToken}
 	}
@@ -216,15 +220,6 @@ func (o *oauthClient) tokenCall(ctx context.Context, p providerInfo, g oauthGran
 	}
 	return fillGrant(p.id, g), nil
 }
-
-// definitiveErrors say the grant or client is no good (RFC 6749 §5.2, RFC 6750 §3.1; OpenAI's codes, final to the Codex CLI).
-var definitiveErrors = map[string]bool{
-	"invalid_grant": true, "invalid_token": true, "invalid_client": true, "unauthorized_client": true,
-	"refresh_token_reused": true, "refresh_token_expired": true, "refresh_token_invalidated": true,
-}
-
-// oauthErrorCode is a code worth quoting (RFC 6749 §5.2's short words); prose could carry a secret.
-var oauthErrorCode = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,64}$`)
 
 // tokenAnswer is what Brama reads of a token answer; ExpiresIn is seconds, 0 when absent or unusable.
 type tokenAnswer struct {
@@ -338,10 +333,9 @@ func (o *oauthClient) exchangeCode(ctx context.Context, s signIn, code string) (
 	if u, err := url.Parse(code); err == nil && u.Scheme != "" && u.Host != "" {
 		code, pasted = u.Query().Get("code"), u.Query().Get("state")
 	}
-	switch {
-	case pasted != "" && pasted != s.state:
+	if pasted != "" && pasted != s.state {
 		return oauthGrant{}, errStateMismatch
-	case code == "":
+	} else if code == "" {
 		return oauthGrant{}, fmt.Errorf("%w: no authorization code in what was pasted", errTokenMalformed)
 	}
 	fields := map[string]string{"grant_type": "authorization_code", "code": code, "redirect_uri": p.redirectURI,

@@ -81,8 +81,7 @@ func checkCredential(provider string, cred vaultCredential) (vaultCredential, er
 		{!printable(g.AccessToken) || !printable(g.RefreshToken), "oauth tokens must be printable text (no newline or other control character)"},
 		{g.ExpiresAtMs < 0, "oauth expires_at_ms must not be negative"}}); err != nil {
 		return cred, refuse("invalid_request", "%s", err)
-	}
-	if !isKey {
+	} else if !isKey {
 		cred.OAuth = new(fillGrant(provider, *g))
 	}
 	return cred, nil
@@ -106,7 +105,11 @@ type inventory struct {
 
 // newInventory places the overlay (parsed strictly) in st and reads the listing cache's TTL (SPEC §10.2).
 func newInventory(st state, v *vault, j *journal, l *ledger, getenv func(string) string, sy sys) *inventory {
-	inv := &inventory{sys: sy, vault: v, j: j, l: l, cache: map[string][]subscriptionRow{}}
+	ttl, err := envSeconds(getenv, "BRAMA_SUBSCRIPTION_CACHE_TTL_SECS", 0, 60*time.Second)
+	if err != nil { // unset or unreadable (logged) is 60 s
+		sy.log.Warn("subscription_cache_ttl_invalid", "cause", err.Error(), "using_secs", 60)
+	}
+	inv := &inventory{sys: sy, vault: v, j: j, l: l, ttl: ttl, cache: map[string][]subscriptionRow{}}
 	inv.overlay = stateFile[*overlayDoc]{role: "donated-subscription overlay", parse: func(b []byte) (*overlayDoc, error) {
 		doc := &overlayDoc{SchemaVersion: 1, Items: []overlayItem{}} // an empty file is an empty overlay
 		if err := decodeStrict(overlayFile, b, doc); len(b) > 0 && err != nil {
@@ -115,10 +118,6 @@ func newInventory(st state, v *vault, j *journal, l *ledger, getenv func(string)
 		return doc, nil
 	}}
 	inv.overlay.path, inv.overlay.pathErr = st.path(inv.overlay.role, overlayFile)
-	var err error // unset or unreadable (logged) is 60 s
-	if inv.ttl, err = envSeconds(getenv, "BRAMA_SUBSCRIPTION_CACHE_TTL_SECS", 0, 60*time.Second); err != nil {
-		sy.log.Warn("subscription_cache_ttl_invalid", "cause", err.Error(), "using_secs", 60)
-	}
 	return inv
 }
 
@@ -144,12 +143,11 @@ func (inv *inventory) pool(agent, provider string) ([]overlayItem, error) {
 func (inv *inventory) owned(agent, id, ifRetired string) (overlayItem, bool, error) {
 	items, retired, err := inv.view()
 	i := slices.IndexFunc(items, func(it overlayItem) bool { return it.ID == id && it.AgentID == agent })
-	switch {
-	case err != nil:
+	if err != nil {
 		return overlayItem{}, false, err
-	case i < 0:
+	} else if i < 0 {
 		return overlayItem{}, false, refuse("not_found", "agent %q has no subscription %q", agent, id)
-	case ifRetired != "" && retired[id]:
+	} else if ifRetired != "" && retired[id] {
 		return items[i], true, refuse("state_conflict", "subscription %s is retired; %s", id, ifRetired)
 	}
 	return items[i], retired[id], nil
@@ -217,8 +215,7 @@ func (inv *inventory) store(it overlayItem, cred vaultCredential, by string) (ov
 	}
 	if err := checkItem(it, nil); fresh && err != nil {
 		return overlayItem{}, refuse("invalid_request", "%s", err)
-	}
-	if err := inv.j.ready(); by != "" && err != nil {
+	} else if err := inv.j.ready(); by != "" && err != nil {
 		return overlayItem{}, refuse("dependency_unavailable", "the journal cannot record a sign-in: %v", err).because(err)
 	}
 	err := inv.write(func() (err error) {
@@ -285,8 +282,7 @@ func (inv *inventory) setRetired(kind, agent, id, reason string) error {
 	return inv.write(func() error {
 		if _, retired, err := inv.owned(agent, id, ""); err != nil || retired == (kind == "retire") {
 			return err
-		}
-		if err := inv.j.append(journalRecord{Kind: kind, SubscriptionID: id, Reason: reason}); err != nil {
+		} else if err := inv.j.append(journalRecord{Kind: kind, SubscriptionID: id, Reason: reason}); err != nil {
 			return refuse("dependency_unavailable", "subscription not changed: the journal refused the %s: %v", kind, err).because(err)
 		}
 		inv.log.Info("subscription_"+kind, "subscription_id", id, "agent_id", agent)
