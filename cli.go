@@ -514,19 +514,16 @@ func parseImportFile(provider string, b []byte) (oauthGrant, error) {
 		} `json:"claudeAiOauth"`
 		T *oauthGrant `json:"tokens"` // access_token, refresh_token, id_token, account_id
 	}
-	err, te := json.Unmarshal(b, &f), (*json.UnmarshalTypeError)(nil)
+	err := json.Unmarshal(b, &f)
 	cred := vaultCredential{OAuth: map[string]*oauthGrant{"claude-code": (*oauthGrant)(f.C), "codex": f.T}[provider]}
-	switch {
-	case errors.As(err, &te): // a syntax error's text can quote bytes of the file, which may be a token
+	if te, ok := errors.AsType[*json.UnmarshalTypeError](err); ok {
 		err = fmt.Errorf("member %s is not a %s", te.Field, te.Type)
-	case err != nil:
+	} else if err != nil { // a syntax error's text can quote bytes of the file, which may be a token
 		err = errors.New("not JSON (" + jsonErrorKind(err) + ")")
-	case cred.OAuth == nil:
+	} else if cred.OAuth == nil {
 		err = fmt.Errorf("no %s object", map[string]string{"claude-code": "claudeAiOauth", "codex": "tokens"}[provider])
-	default:
-		if cred, err = checkCredential(provider, cred); err == nil {
-			return *cred.OAuth, nil
-		}
+	} else if cred, err = checkCredential(provider, cred); err == nil {
+		return *cred.OAuth, nil
 	}
 	return oauthGrant{}, fmt.Errorf("%w: %w", errImportFile, err)
 }

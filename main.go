@@ -279,12 +279,11 @@ func (e *cliEnv) call(method, path string, body, out any) ([]byte, error) {
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	var env envelope
-	switch {
-	case err != nil:
+	if err != nil {
 		return nil, fmt.Errorf("reading the gateway's answer: %w", err)
-	case resp.StatusCode/100 == 2 && (out == nil || json.Unmarshal(b, out) == nil):
+	} else if resp.StatusCode/100 == 2 && (out == nil || json.Unmarshal(b, out) == nil) {
 		return b, nil
-	case resp.StatusCode/100 == 2 || json.Unmarshal(b, &env) != nil || env.Error.Code == "":
+	} else if resp.StatusCode/100 == 2 || json.Unmarshal(b, &env) != nil || env.Error.Code == "" {
 		env.Error.Code, env.Error.Message = "unknown", "not what Brama's "+method+" "+path+" answers"
 	}
 	return nil, fmt.Errorf("the gateway answered %d %s: %s", resp.StatusCode, env.Error.Code, env.Error.Message)

@@ -44,9 +44,7 @@ func (s *server) routes() {
 	s.mux = http.NewServeMux()
 	handle := func(pattern string, h handler) {
 		s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-			if err := s.caller(w, r); err != nil {
-				s.fail(w, r, err)
-			} else if err := h(w, r); err != nil {
+			if err := s.caller(w, r, h); err != nil {
 				s.fail(w, r, err)
 			}
 		})
@@ -303,8 +301,8 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 // caller admits r (an admin client under /v1/admin/, else any) by SPEC §3.1 and §3.2, recording
-// who called before the body is read (SPEC §7.4), then reads the body whole within the limit.
-func (s *server) caller(w http.ResponseWriter, r *http.Request) error {
+// who called before the body is read (SPEC §7.4), then reads the body whole within the limit and serves r with h.
+func (s *server) caller(w http.ResponseWriter, r *http.Request, h handler) error {
 	ri, admin := infoFrom(r.Context()), strings.Contains(r.Pattern, " /v1/admin/")
 	tok, err := presentedToken(r.Header)
 	if err != nil {
@@ -339,7 +337,7 @@ func (s *server) caller(w http.ResponseWriter, r *http.Request) error {
 	if err := checkNesting(body); err != nil {
 		return refuse("invalid_request", "the request body %v", err)
 	}
-	return nil
+	return h(w, r)
 }
 
 // reply makes f a handler: the body, when required or a POST's not blank one (GET and DELETE bodies are not read),
