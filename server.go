@@ -304,8 +304,7 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 // who called before the body is read (SPEC §7.4), then reads the body whole within the limit and serves r with h.
 func (s *server) caller(w http.ResponseWriter, r *http.Request, h handler) error {
 	ri, admin := infoFrom(r.Context()), strings.Contains(r.Pattern, " /v1/admin/")
-	tok, err := presentedToken(r.Header)
-	if err != nil {
+	if tok, err := presentedToken(r.Header); err != nil {
 		return err
 	} else if ri.client, err = s.clients.authenticate(tok); err != nil {
 		return err
@@ -321,16 +320,15 @@ func (s *server) caller(w http.ResponseWriter, r *http.Request, h handler) error
 	case agent != "" && agent != p:
 		return refuse("forbidden", "this request acts for agent %q, not %q", agent, p)
 	}
-	limit, body := s.maxBody, []byte(nil)
+	limit, body, err := s.maxBody, []byte(nil), error(nil)
 	if ce := r.Header.Get("Content-Encoding"); r.ContentLength <= limit && ce != "" && !strings.EqualFold(ce, "identity") {
 		return refuse("invalid_request", "a compressed request body (Content-Encoding) is not read; send it uncompressed")
 	} else if r.ContentLength <= limit {
 		body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	}
-	switch {
-	case r.ContentLength > limit || errors.As(err, new(*http.MaxBytesError)):
+	if r.ContentLength > limit || errors.As(err, new(*http.MaxBytesError)) {
 		return refuse("invalid_request", "the request body is larger than BRAMA_MAX_REQUEST_BYTES (%d bytes)", limit).withStatus(413)
-	case err != nil:
+	} else if err != nil {
 		return refuse("invalid_request", "the request body could not be read").because(err)
 	}
 	ri.body = body // not nil: io.ReadAll returns an empty slice for an empty body; handlers read it, never r.Body
