@@ -89,10 +89,8 @@ func serve(e *cliEnv, o opts, _ []string) error {
 	guard, guardErr := newTransportGuard(e.getenv("BRAMA_TRUSTED_PROXY_IPS"))
 	addr := o.s("addr")
 	_, port, err := net.SplitHostPort(addr) // net.Listen would take no port for a random one
-	if _, perr := net.LookupPort("tcp", port); err == nil && (port == "" || perr != nil) {
-		err = cmp.Or(perr, errors.New("no port"))
-	}
-	if err != nil {
+	if _, perr := net.LookupPort("tcp", port); err != nil || port == "" || perr != nil {
+		err = cmp.Or(err, perr, errors.New("no port"))
 		return &usageError{msg: fmt.Sprintf("-addr %q is not HOST:PORT to listen on (e.g. 127.0.0.1:8080): %v", addr, err)}
 	} else if err := cmp.Or(bodyErr, guardErr); err != nil {
 		return err
