@@ -68,8 +68,7 @@ func commands() []command {
 				if err != nil {
 					fmt.Fprintf(e.stderr, "route migration error: %v\n", err)
 					return errRefused
-				}
-				if o.b("json") { // dropped: [] when none
+				} else if o.b("json") { // dropped: [] when none
 					out = append(must(json.Marshal(map[string]any{"ok": true, "file": path,
 						"dropped": append([]string{}, dropped...), "document": json.RawMessage(out)})), '\n')
 				}
@@ -223,8 +222,7 @@ func commands() []command {
 				tool := map[string]string{"claude-code": "Claude Code", "codex": "the Codex CLI"}[provider]
 				if tool == "" {
 					return &usageError{msg: fmt.Sprintf("-provider %q: import reads claude-code or codex credential files", provider)}
-				}
-				if b, err := os.ReadFile(o.s("from")); err != nil {
+				} else if b, err := os.ReadFile(o.s("from")); err != nil {
 					return err
 				} else if g, err := parseImportFile(provider, b); err != nil {
 					return fmt.Errorf("%s: %w", o.s("from"), err)

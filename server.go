@@ -351,8 +351,7 @@ func reply[B any](status int, required bool, f func(*http.Request, *B) (any, err
 		v, err := f(r, b)
 		if err != nil {
 			return err
-		}
-		if ri.dispatched() { // a probe's calls (SPEC §7.4)
+		} else if ri.dispatched() { // a probe's calls (SPEC §7.4)
 			w.Header().Set("Brama-Attempts", fmt.Sprint(ri.attempts))
 		}
 		writeJSON(w, status, v)
