@@ -68,8 +68,7 @@ func commands() []command {
 				if err != nil {
 					fmt.Fprintf(e.stderr, "route migration error: %v\n", err)
 					return errRefused
-				}
-				if o.b("json") { // dropped: [] when none
+				} else if o.b("json") { // dropped: [] when none
 					out = append(must(json.Marshal(map[string]any{"ok": true, "file": path,
 						"dropped": append([]string{}, dropped...), "document": json.RawMessage(out)})), '\n')
 				}
@@ -175,11 +174,10 @@ func commands() []command {
 				if err := e.bearer(); err != nil { // the bearer line comes first
 					return err
 				} else if file := o.s("oauth-file"); file != "" {
-					b, err := os.ReadFile(file)
-					if body.OAuth = (&oauthGrant{}); err == nil {
-						err = decodeStrict("-oauth-file", b, body.OAuth)
-					}
-					if err != nil {
+					body.OAuth = &oauthGrant{}
+					if b, err := os.ReadFile(file); err != nil {
+						return err
+					} else if err := decodeStrict("-oauth-file", b, body.OAuth); err != nil {
 						return err
 					}
 				} else if body.APIKey = e.line(); body.APIKey == "" {
@@ -224,19 +222,16 @@ func commands() []command {
 				tool := map[string]string{"claude-code": "Claude Code", "codex": "the Codex CLI"}[provider]
 				if tool == "" {
 					return &usageError{msg: fmt.Sprintf("-provider %q: import reads claude-code or codex credential files", provider)}
-				}
-				b, err := os.ReadFile(o.s("from"))
-				if err != nil {
+				} else if b, err := os.ReadFile(o.s("from")); err != nil {
+					return err
+				} else if g, err := parseImportFile(provider, b); err != nil {
+					return fmt.Errorf("%s: %w", o.s("from"), err)
+				} else if err := e.donate(o.s("agent"), "", donation{Provider: provider, Label: o.s("label"), OAuth: &g}); err != nil {
 					return err
 				}
-				g, err := parseImportFile(provider, b)
-				if err != nil {
-					return fmt.Errorf("%s: %w", o.s("from"), err)
-				} else if err = e.donate(o.s("agent"), "", donation{Provider: provider, Label: o.s("label"), OAuth: &g}); err == nil { // a refresh rotates the shared grant
-					fmt.Fprintf(e.stderr, "brama: %s and Brama now share one grant: after Brama's first refresh, %[1]s will need to sign in again; "+
-						"and if %[1]s refreshes first, Brama's copy stops working until `brama subscription sign-in` replaces it.\n", tool)
-				}
-				return err
+				fmt.Fprintf(e.stderr, "brama: %s and Brama now share one grant: after Brama's first refresh, %[1]s will need to sign in again; "+
+					"and if %[1]s refreshes first, Brama's copy stops working until `brama subscription sign-in` replaces it.\n", tool)
+				return nil
 			}},
 		{name: "subscription sign-in", args: "-provider claude-code|codex -agent A [-id ID | -label L]", need: []string{"provider", "agent"}, purpose: "sign in with the provider (PKCE): the URL on stderr, the pasted code from stdin; replaces -id's grant or donates a new subscription", example: "BRAMA_TOKEN=$T brama subscription sign-in -provider claude-code -agent a1", flags: []flagSpec{gateway, {"provider", "", "claude-code or codex"}, agent("the `agent` that owns (or receives) the subscription"), {"id", "", "replace the credential of this subscription `id` instead of donating a new one"}, {"label", "", "a `label` for a new subscription"}},
 			// The code is exchanged here, the grant handed to the daemon; the verifier, code and tokens are never printed.
@@ -414,22 +409,19 @@ func run(ctx context.Context, cut <-chan struct{}, args []string, getenv func(st
 		return e.say(nil, "\nexample:\n  %s\n", c.example)
 	}
 	missing := slices.DeleteFunc(slices.Clone(c.need), func(name string) bool { return strings.TrimSpace(o.s(name)) != "" })
-	switch {
-	case err != nil:
-		err = &usageError{c.name, err.Error()}
-	case len(pos) != c.pos:
-		err = &usageError{c.name, "want " + cmp.Or(c.args, "no arguments")}
-	case len(missing) > 0:
-		err = &usageError{c.name, "want -" + strings.Join(missing, " and -")}
-	case o["gateway"] != nil: // the bearer and credentials never cross in clear text but to a loopback host
+	if err != nil {
+		return &usageError{c.name, err.Error()}
+	} else if len(pos) != c.pos {
+		return &usageError{c.name, "want " + cmp.Or(c.args, "no arguments")}
+	} else if len(missing) > 0 {
+		return &usageError{c.name, "want -" + strings.Join(missing, " and -")}
+	} else if o["gateway"] != nil { // the bearer and credentials never cross in clear text but to a loopback host
 		e.gateway = strings.TrimRight(strings.TrimSpace(o.s("gateway")), "/")
 		if err = checkBaseURL(e.gateway); err != nil {
-			err = &usageError{c.name, fmt.Sprintf("-gateway %q: %v", o.s("gateway"), err)}
+			return &usageError{c.name, fmt.Sprintf("-gateway %q: %v", o.s("gateway"), err)}
 		}
 	}
-	if err == nil {
-		err = c.run(e, o, pos)
-	}
+	err = c.run(e, o, pos)
 	if ue, ok := errors.AsType[*usageError](err); ok && ue.cmd == "" {
 		ue.cmd = c.name
 	}
@@ -514,19 +506,16 @@ func parseImportFile(provider string, b []byte) (oauthGrant, error) {
 		} `json:"claudeAiOauth"`
 		T *oauthGrant `json:"tokens"` // access_token, refresh_token, id_token, account_id
 	}
-	err, te := json.Unmarshal(b, &f), (*json.UnmarshalTypeError)(nil)
+	err := json.Unmarshal(b, &f)
 	cred := vaultCredential{OAuth: map[string]*oauthGrant{"claude-code": (*oauthGrant)(f.C), "codex": f.T}[provider]}
-	switch {
-	case errors.As(err, &te): // a syntax error's text can quote bytes of the file, which may be a token
+	if te, ok := errors.AsType[*json.UnmarshalTypeError](err); ok {
 		err = fmt.Errorf("member %s is not a %s", te.Field, te.Type)
-	case err != nil:
+	} else if err != nil { // a syntax error's text can quote bytes of the file, which may be a token
 		err = errors.New("not JSON (" + jsonErrorKind(err) + ")")
-	case cred.OAuth == nil:
+	} else if cred.OAuth == nil {
 		err = fmt.Errorf("no %s object", map[string]string{"claude-code": "claudeAiOauth", "codex": "tokens"}[provider])
-	default:
-		if cred, err = checkCredential(provider, cred); err == nil {
-			return *cred.OAuth, nil
-		}
+	} else if cred, err = checkCredential(provider, cred); err == nil {
+		return *cred.OAuth, nil
 	}
 	return oauthGrant{}, fmt.Errorf("%w: %w", errImportFile, err)
 }

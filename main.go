@@ -89,10 +89,8 @@ func serve(e *cliEnv, o opts, _ []string) error {
 	guard, guardErr := newTransportGuard(e.getenv("BRAMA_TRUSTED_PROXY_IPS"))
 	addr := o.s("addr")
 	_, port, err := net.SplitHostPort(addr) // net.Listen would take no port for a random one
-	if _, perr := net.LookupPort("tcp", port); err == nil && (port == "" || perr != nil) {
-		err = cmp.Or(perr, errors.New("no port"))
-	}
-	if err != nil {
+	if _, perr := net.LookupPort("tcp", port); err != nil || port == "" || perr != nil {
+		err = cmp.Or(err, perr, errors.New("no port"))
 		return &usageError{msg: fmt.Sprintf("-addr %q is not HOST:PORT to listen on (e.g. 127.0.0.1:8080): %v", addr, err)}
 	} else if err := cmp.Or(bodyErr, guardErr); err != nil {
 		return err
@@ -279,12 +277,11 @@ func (e *cliEnv) call(method, path string, body, out any) ([]byte, error) {
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	var env envelope
-	switch {
-	case err != nil:
+	if err != nil {
 		return nil, fmt.Errorf("reading the gateway's answer: %w", err)
-	case resp.StatusCode/100 == 2 && (out == nil || json.Unmarshal(b, out) == nil):
+	} else if resp.StatusCode/100 == 2 && (out == nil || json.Unmarshal(b, out) == nil) {
 		return b, nil
-	case resp.StatusCode/100 == 2 || json.Unmarshal(b, &env) != nil || env.Error.Code == "":
+	} else if resp.StatusCode/100 == 2 || json.Unmarshal(b, &env) != nil || env.Error.Code == "" {
 		env.Error.Code, env.Error.Message = "unknown", "not what Brama's "+method+" "+path+" answers"
 	}
 	return nil, fmt.Errorf("the gateway answered %d %s: %s", resp.StatusCode, env.Error.Code, env.Error.Message)

@@ -44,9 +44,7 @@ func (s *server) routes() {
 	s.mux = http.NewServeMux()
 	handle := func(pattern string, h handler) {
 		s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-			if err := s.caller(w, r); err != nil {
-				s.fail(w, r, err)
-			} else if err := h(w, r); err != nil {
+			if err := s.caller(w, r, h); err != nil {
 				s.fail(w, r, err)
 			}
 		})
@@ -303,11 +301,10 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 // caller admits r (an admin client under /v1/admin/, else any) by SPEC §3.1 and §3.2, recording
-// who called before the body is read (SPEC §7.4), then reads the body whole within the limit.
-func (s *server) caller(w http.ResponseWriter, r *http.Request) error {
+// who called before the body is read (SPEC §7.4), then reads the body whole within the limit and serves r with h.
+func (s *server) caller(w http.ResponseWriter, r *http.Request, h handler) error {
 	ri, admin := infoFrom(r.Context()), strings.Contains(r.Pattern, " /v1/admin/")
-	tok, err := presentedToken(r.Header)
-	if err != nil {
+	if tok, err := presentedToken(r.Header); err != nil {
 		return err
 	} else if ri.client, err = s.clients.authenticate(tok); err != nil {
 		return err
@@ -323,23 +320,22 @@ func (s *server) caller(w http.ResponseWriter, r *http.Request) error {
 	case agent != "" && agent != p:
 		return refuse("forbidden", "this request acts for agent %q, not %q", agent, p)
 	}
-	limit, body := s.maxBody, []byte(nil)
+	limit, body, err := s.maxBody, []byte(nil), error(nil)
 	if ce := r.Header.Get("Content-Encoding"); r.ContentLength <= limit && ce != "" && !strings.EqualFold(ce, "identity") {
 		return refuse("invalid_request", "a compressed request body (Content-Encoding) is not read; send it uncompressed")
 	} else if r.ContentLength <= limit {
 		body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	}
-	switch {
-	case r.ContentLength > limit || errors.As(err, new(*http.MaxBytesError)):
+	if r.ContentLength > limit || errors.As(err, new(*http.MaxBytesError)) {
 		return refuse("invalid_request", "the request body is larger than BRAMA_MAX_REQUEST_BYTES (%d bytes)", limit).withStatus(413)
-	case err != nil:
+	} else if err != nil {
 		return refuse("invalid_request", "the request body could not be read").because(err)
 	}
 	ri.body = body // not nil: io.ReadAll returns an empty slice for an empty body; handlers read it, never r.Body
 	if err := checkNesting(body); err != nil {
 		return refuse("invalid_request", "the request body %v", err)
 	}
-	return nil
+	return h(w, r)
 }
 
 // reply makes f a handler: the body, when required or a POST's not blank one (GET and DELETE bodies are not read),
@@ -355,8 +351,7 @@ func reply[B any](status int, required bool, f func(*http.Request, *B) (any, err
 		v, err := f(r, b)
 		if err != nil {
 			return err
-		}
-		if ri.dispatched() { // a probe's calls (SPEC §7.4)
+		} else if ri.dispatched() { // a probe's calls (SPEC §7.4)
 			w.Header().Set("Brama-Attempts", fmt.Sprint(ri.attempts))
 		}
 		writeJSON(w, status, v)
