@@ -18,14 +18,24 @@ var (
 	binaryOnce sync.Once
 	binaryPath string
 	binaryErr  error
+	binaryDir  string // removed by TestMain
 )
+
+// TestMain removes the binary builtBinary made: a test run leaves no file behind.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binaryDir != "" {
+		os.RemoveAll(binaryDir)
+	}
+	os.Exit(code)
+}
 
 // builtBinary builds brama once per test run into a temporary directory.
 func builtBinary(t *testing.T) string {
 	t.Helper()
 	binaryOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "brama-bin")
-		if err != nil {
+		if binaryDir = dir; err != nil {
 			binaryErr = err
 			return
 		}
