@@ -221,12 +221,10 @@ func newAnswerStore(st state, log *slog.Logger, now func() time.Time) *answerSto
 
 // signedCall is a chat request carrying an Idempotency-Key as the store sees it.
 type signedCall struct {
-	client, route string
-	keys          []string // the header's values: exactly one is allowed
-	stream        bool
-	body          []byte
-	t             *tally
-	req           *http.Request // the caller's: a refusal is written in its dialect
+	client string
+	keys   []string       // the header's values: exactly one is allowed
+	t      *tally         // its route: the one planned, then the one that answered (a selector's candidate)
+	req    *callerRequest // its body is digested; a refusal is written in its dialect
 }
 
 // serve answers c (SPEC §12), replaying a kept answer or keeping dispatch's; the error is a refusal for the caller to write.
@@ -259,10 +257,10 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 		calls, dispatched := c.t.attempts, c.t.attempts > 0 || rec.HeaderMap.Get("Brama-Attempts") != ""
 		cut := func(ae *apiError) {
 			rec = httptest.NewRecorder()
-			writeAPIError(rec, c.req, ae.withAttempts(calls))
+			writeAPIError(rec, c.req.caller, ae.withAttempts(calls))
 			c.t.outcome, c.t.retryable = ae.Code, false
 		}
-		t.Route = cmp.Or(rec.HeaderMap.Get("Brama-Route"), t.Route) // a selector's: the candidate that answered
+		t.Route = c.t.route // a selector's: the candidate that answered
 		switch {
 		case rec.Code/100 == 2 && !panicked:
 		case calls > 0 && panicked:
@@ -301,7 +299,7 @@ func (a *answerStore) reserve(c signedCall) (*answerRecord, error) {
 	case len(c.keys) > 1 || len(k) < 1 || len(k) > 255 ||
 		strings.ContainsFunc(k, func(r rune) bool { return r < 0x20 || r > 0x7e }):
 		return nil, refuse("invalid_request", "send one Idempotency-Key header of 1 to 255 printable ASCII characters")
-	case c.stream:
+	case c.req.head.Stream:
 		return nil, refuse("invalid_request", "Idempotency-Key keeps one buffered answer; it cannot be used with stream: true")
 	}
 	// A client id names a directory: the clients file's validation holds it to idPattern.
@@ -319,8 +317,8 @@ func (a *answerStore) reserve(c signedCall) (*answerRecord, error) {
 		return nil, refuse("internal_error", unplaced, err).because(err)
 	}
 	t := &answerRecord{SchemaVersion: 1, State: answerInProgress, BootID: a.bootID, Client: c.client,
-		KeySHA256: hexSHA256([]byte(c.keys[0])), RequestSHA256: hexSHA256(c.body),
-		StartedAt: a.now().UTC().Format(journalTimeFormat), Route: c.route, path: path, key: key}
+		KeySHA256: hexSHA256([]byte(c.keys[0])), RequestSHA256: hexSHA256(c.req.body.src),
+		StartedAt: a.now().UTC().Format(journalTimeFormat), Route: c.t.route, path: path, key: key}
 	data, _ := marshalState(t) // strings and ints always encode
 	// A record removed (released, or pruned) or completed since our failed link frees or answers the key: try a few times.
 	for range 3 {
@@ -343,7 +341,7 @@ func (a *answerStore) reserve(c signedCall) (*answerRecord, error) {
 			return nil, refuse("state_conflict", "this Idempotency-Key was used with another request body")
 		case open && rec.BootID != a.bootID: // a stopped process's: kept as item 2's refusal, attempts unknown
 			e := httptest.NewRecorder()
-			writeAPIError(e, c.req, refuse("internal_error", abandonedMessage))
+			writeAPIError(e, c.req.caller, refuse("internal_error", abandonedMessage))
 			rec.path, rec.key = path, key
 			if err = a.keep(rec, e, nil); err != nil {
 				return nil, refuse("internal_error", "the abandoned answer for this Idempotency-Key could not be kept").because(err)

@@ -401,7 +401,7 @@ func TestSignedAnswerAbandoned(t *testing.T) {
 	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
 	body := answerBody("x")
 	old := newAnswerStore(resolveState(testEnv(env)), slog.New(slog.DiscardHandler), time.Now)
-	if tk, err := old.reserve(signedCall{client: "local", keys: []string{"k"}, body: []byte(body), route: "openai/gpt-test"}); err != nil || tk.State != answerInProgress {
+	if tk, err := old.reserve(signedOf("k", body, "openai/gpt-test")); err != nil || tk.State != answerInProgress {
 		t.Fatalf("reserve in the stopped process: %v %v", tk, err)
 	}
 	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
@@ -432,7 +432,7 @@ func TestSignedAnswerAbandonedOnMessages(t *testing.T) {
 	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
 	body := chatBody(dialectMessages, "openai/gpt-test", false, "")
 	old := newAnswerStore(resolveState(testEnv(env)), slog.New(slog.DiscardHandler), time.Now)
-	if _, err := old.reserve(signedCall{client: "local", keys: []string{"k"}, body: []byte(body), route: "openai/gpt-test"}); err != nil {
+	if _, err := old.reserve(signedOf("k", body, "openai/gpt-test")); err != nil {
 		t.Fatalf("reserve in the stopped process: %v", err)
 	}
 	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")

@@ -41,8 +41,8 @@ func TestSignedAnswerHangUp(t *testing.T) {
 			r := httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(body))
 			ctx, cancel := context.WithCancel(context.Background())
 			w := httptest.NewRecorder()
-			c := signedCall{client: "local", route: ta.route, keys: []string{"k"}, body: []byte(body), t: ta,
-				req: r}
+			c := signedCall{client: "local", keys: []string{"k"}, t: ta,
+				req: &callerRequest{body: rawObject{src: []byte(body)}, caller: r}}
 			a.serve(ctx, w, c, func(w http.ResponseWriter) {
 				ta.attempts = tc.calls // as the engine's account does
 				cancel()               // the caller hangs up while the call is in flight
@@ -77,7 +77,7 @@ func TestAnswersPrune(t *testing.T) {
 	longAgo := func() time.Time { return time.Date(2000, 1, 2, 3, 4, 5, 0, time.UTC) }
 	keep := func(key string, now func() time.Time, complete bool) string {
 		a.now = now
-		tk, err := a.reserve(signedCall{client: "local", keys: []string{key}, body: []byte("{}"), route: "r"})
+		tk, err := a.reserve(signedOf(key, "{}", "r"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -129,7 +129,7 @@ func TestCheckIdempotencyKey(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := newAnswerStore(state{dir: t.TempDir()}, slog.New(slog.DiscardHandler), time.Now)
-			if _, err := a.reserve(signedCall{client: "local", keys: []string{tc.key}, body: []byte("{}")}); (err == nil) != tc.ok {
+			if _, err := a.reserve(signedOf(tc.key, "{}", "")); (err == nil) != tc.ok {
 				t.Errorf("reserve with key %q = %v, want ok %v", tc.key, err, tc.ok)
 			}
 		})
@@ -208,7 +208,7 @@ func FuzzAnswerRecord(f *testing.F) {
 // body_base64 "" (not null), so the record stays readable and replayable.
 func TestSignedAnswerEmptyBodyKept(t *testing.T) {
 	a := newAnswerStore(state{dir: t.TempDir()}, slog.New(slog.DiscardHandler), time.Now)
-	tk, err := a.reserve(signedCall{client: "local", keys: []string{"k"}, body: []byte("{}"), route: "r"})
+	tk, err := a.reserve(signedOf("k", "{}", "r"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,4 +223,10 @@ func TestSignedAnswerEmptyBodyKept(t *testing.T) {
 // answered is a recorded answer of status and body, as dispatch would leave it for keep.
 func answered(status int, body string) *httptest.ResponseRecorder {
 	return &httptest.ResponseRecorder{Code: status, HeaderMap: http.Header{}, Body: bytes.NewBufferString(body)}
+}
+
+// signedOf is the signed call the handler builds for client "local"'s buffered request with key and body, planned on route.
+func signedOf(key, body, route string) signedCall {
+	return signedCall{client: "local", keys: []string{key}, t: &tally{route: route},
+		req: &callerRequest{body: rawObject{src: []byte(body)}}}
 }

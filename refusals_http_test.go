@@ -359,7 +359,7 @@ func TestInBandErrorRedactsPresentedKey(t *testing.T) {
 func refusalScene(t *testing.T, env map[string]string, creds string) (d *daemon, app, reauth, blocked string) {
 	t.Helper()
 	old := newAnswerStore(resolveState(testEnv(env)), slog.New(slog.DiscardHandler), time.Now)
-	if _, err := old.reserve(signedCall{client: "local", keys: []string{"abandoned"}, body: []byte(answerBody("x")), route: "openai/gpt-test"}); err != nil {
+	if _, err := old.reserve(signedOf("abandoned", answerBody("x"), "openai/gpt-test")); err != nil {
 		t.Fatal(err)
 	}
 	d = startDaemon(t, env, creds, "-local-credentials-stdin")

@@ -508,8 +508,7 @@ func (s *server) handleModel(dialect string, oneCall bool) handler {
 		// SPEC §12: a signed answer reserves its key only now, after plan's checks; an empty value is refused.
 		if keys, asked := r.Header["Idempotency-Key"]; asked {
 			e.t.remember = func(*apiError, int, bool, bool) {} // its kept answer is its guard
-			return s.answers.serve(r.Context(), w, signedCall{client: ri.client.ID, route: ri.route, keys: keys,
-				stream: req.head.Stream, body: ri.body, t: &ri.tally, req: r}, route)
+			return s.answers.serve(r.Context(), w, signedCall{client: ri.client.ID, keys: keys, t: &ri.tally, req: req}, route)
 		}
 		ae, remember := s.replay.check(ri.client.ID, ri.client.AgentID, r.Header, req.body, c, cands)
 		if ae != nil { // SPEC §8.1
