@@ -511,11 +511,10 @@ func (s *server) handleModel(dialect string, oneCall bool) handler {
 			return s.answers.serve(r.Context(), w, signedCall{client: ri.client.ID, keys: keys, t: &ri.tally, req: req}, route)
 		}
 		ae, remember := s.replay.check(ri.client.ID, ri.client.AgentID, r.Header, req.body, c, cands)
-		if ae != nil { // SPEC §8.1
+		if e.t.remember = remember; ae != nil { // SPEC §8.1
 			w.Header().Set("Brama-Replay-Refused", "true")
 			return ae
 		}
-		e.t.remember = remember
 		route(w)
 		return nil
 	}
