@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 )
@@ -104,19 +106,15 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 		m.arm(time.Time{}, now)
 		m.want("", "due")
 	}
-	agent, t := "", m.asked[""] // a pass over everyone first
-	for a, at := range m.asked {
-		if t == nil {
-			agent, t = a, at
-		}
-	}
-	if t == nil {
+	if len(m.asked) == 0 {
 		if m.timer == nil || !due.Equal(m.timerAt) {
 			m.arm(due, now)
 		}
 		m.mu.Unlock()
 		return false
 	}
+	agent := slices.Min(slices.Collect(maps.Keys(m.asked))) // "" sorts first: a pass over everyone
+	t := m.asked[agent]
 	if delete(m.asked, agent); agent == "" {
 		clear(m.asked) // a pass over everyone covers the agents' refusals
 	}
@@ -387,8 +385,7 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, 
 	} else if !ok { // the provider refused, its answer could not be read, or the grant could not be refreshed
 		detail = ae.Message
 	}
-	e.ledger.recordCheck(it.ID, res.Provider.id, true, ok, detail)
-	e.inv.invalidate() // the listing shows the probe at once (SPEC §10.2)
+	e.ledger.recordCheck(it.ID, res.Provider.id, true, ok, detail) // written at once: the listing shows it (SPEC §10.2)
 	log := map[bool]func(string, ...any){true: e.log.Info, false: e.log.Warn}[ok]
 	log("usage_probe_"+map[bool]string{true: "ok", false: "failed"}[ok], "request_id", e.t.requestID,
 		"subscription_id", it.ID, "agent_id", e.agent, "provider", it.Provider, "route", res.Route, "detail", ledgerSentence(detail))

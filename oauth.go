@@ -120,11 +120,10 @@ func (o *oauthClient) refresh(ctx context.Context, id, provider, refusedAccessTo
 // refusal marks the credential for a sign-in unless one replaced the grant meanwhile.
 func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused string) (g oauthGrant, err error) {
 	log := o.log.With("subscription_id", id, "provider", provider)
-	var re *endpointError
 	defer func() {
 		if errors.Is(err, errRefreshSuperseded) {
 			log.Info("credential_refresh_superseded")
-		} else if errors.As(err, &re) && re.Definitive {
+		} else if re, ok := errors.AsType[*endpointError](err); ok && re.Definitive {
 			o.ledger.disown(id, provider, re.Sentence)
 			log.Warn("credential_refresh_refused", "endpoint", re.Endpoint, "status", re.Status, "cause", re.Sentence)
 		} else if err != nil {
@@ -144,7 +143,7 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 	p, _ := lookupProvider(provider)
 	fields := map[string]string{"grant_type": "refresh_token", "refresh_token": old.RefreshToken, "client_id": p.clientID}
 	g, err = o.tokenCall(ctx, p, old, fields, old.RefreshToken, old.AccessToken)
-	if err != nil && !(errors.As(err, &re) && re.Definitive) {
+	if re, ok := errors.AsType[*endpointError](err); err != nil && !(ok && re.Definitive) {
 		return oauthGrant{}, err
 	}
 	werr := o.vault.update(func(d *vaultDoc) error { // a definitive refusal writes nothing
