@@ -206,7 +206,7 @@ func (e *cliEnv) deps(sy sys) deps {
 	vpath, verr := st.fileOrState(e.getenv, "BRAMA_VAULT_FILE", "vault", "vault.json")
 	rpath, rerr := st.fileOrState(e.getenv, "BRAMA_ROUTES_FILE", registryRole, "routes.json")
 	j := newJournal(st, sy)
-	return deps{st, newVault(vpath, verr), j, newRegistry(rpath, rerr, j, sy.log), clients}
+	return deps{st, newVault(vpath, verr), j, newRegistry(rpath, rerr, j), clients}
 }
 
 func (e *cliEnv) sys() sys {

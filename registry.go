@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"maps"
 	"net/netip"
 	"regexp"
@@ -247,14 +246,13 @@ func (d deployment) baseURL() string {
 
 // registry is the registry file, read cached by file identity (SPEC §4.2), written under its lock (§4.4).
 type registry struct {
-	stateFile[*routesDoc] // path "" when pathErr is set; keeps a parse failure
-	j                     *journal
-	log                   *slog.Logger
+	stateFile[*routesDoc]              // path "" when pathErr is set; keeps a parse failure
+	j                     *journal     // and its logger
 	lastLogged            atomic.Value // string: the failure last logged as inference_routes_invalid
 }
 
-func newRegistry(path string, pathErr error, j *journal, log *slog.Logger) *registry {
-	return &registry{j: j, log: log, stateFile: stateFile[*routesDoc]{role: registryRole, path: path, pathErr: pathErr,
+func newRegistry(path string, pathErr error, j *journal) *registry {
+	return &registry{j: j, stateFile: stateFile[*routesDoc]{role: registryRole, path: path, pathErr: pathErr,
 		parse: parseRegistry, memory: new(emptyRoutesDoc())}} // no state directory: an empty registry
 }
 
@@ -264,7 +262,7 @@ func (r *registry) current() (*routesDoc, error) {
 	if err == nil {
 		r.lastLogged.Store("") // the same failure after a repair is logged again
 	} else if reason := err.Error(); r.lastLogged.Swap(reason) != reason {
-		r.log.Warn("inference_routes_invalid", "reason", reason)
+		r.j.log.Warn("inference_routes_invalid", "reason", reason)
 	}
 	return doc, err
 }
@@ -331,7 +329,7 @@ func (r *registry) commit(change func(doc *routesDoc) (*journalRecord, error)) (
 			return err
 		}
 		if err := r.j.append(*rec); err != nil { // under the flock, so records follow the renames
-			r.log.Error("journal_append_failed", "kind", rec.Kind, "alias", rec.Alias, "cause", err.Error())
+			r.j.log.Error("journal_append_failed", "kind", rec.Kind, "alias", rec.Alias, "cause", err.Error())
 		}
 		return nil
 	})

@@ -73,7 +73,7 @@ func newRegFixture(t *testing.T) *regFixture {
 		t.Fatal(err)
 	}
 	j := newJournal(st, sys{log: log, now: func() time.Time { return time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC) }})
-	return &regFixture{path: path, j: j, logs: logs, reg: newRegistry(path, nil, j, log)}
+	return &regFixture{path: path, j: j, logs: logs, reg: newRegistry(path, nil, j)}
 }
 
 // regWrite writes content to name with mode 0600, as an operator would.
@@ -163,7 +163,7 @@ func TestRegistryPath(t *testing.T) {
 
 func TestRegistryWithoutStateDir(t *testing.T) {
 	_, pathErr := registryPath(state{cause: errors.New("$HOME is not defined")}, func(string) string { return "" })
-	r := newRegistry("", pathErr, newJournal(state{cause: errors.New("$HOME is not defined")}, testSys(t, nil)), quietLog())
+	r := newRegistry("", pathErr, newJournal(state{cause: errors.New("$HOME is not defined")}, testSys(t, nil)))
 	doc, err := r.current()
 	if err != nil || len(doc.Routes) != 0 {
 		t.Fatalf("current = %v, %v; want the empty registry", doc, err)
