@@ -17,57 +17,6 @@ import (
 // The request side of the wire formats (chat.go, messages.go, responses.go; SPEC §7.6): the neutral
 // request, the table of formats, reading a caller's body; the SSE reader (relay.go holds the answer side).
 
-// chatRequest is one chat request in no particular format; a *Name field is the caller's member for the one before it.
-type chatRequest struct {
-	Model             string // as the caller named it: alias, route, selector or best
-	System            string // the leading system and developer text
-	Messages          []message
-	Tools             []tool
-	ToolChoice        *toolChoice // nil: the provider's default
-	ParallelToolCalls *bool
-	MaxTokens         int // 0: the caller gave none (SPEC §6.4 decides)
-	LimitName         string
-	Temperature       *float64
-	TopP              *float64
-	Stop              []string
-	StopName          string        // responses has none
-	Output            *outputFormat // structured output; nil: free text
-	Effort            string        // reasoning effort; "" the provider's default
-	EffortName        string
-	Verbosity         string
-	Shared            openAIShared
-	Stream            bool
-	StreamUsage       bool     // a chat caller sent stream_options.include_usage: true
-	Dropped           []string // caller member names the request loses (drop)
-}
-
-// openAIShared holds the members Chat Completions and Responses share under one name and shape: carried between them as sent, dropped toward messages.
-type openAIShared struct {
-	Store            json.RawMessage `json:"store,omitempty"`
-	Metadata         json.RawMessage `json:"metadata,omitempty"`
-	ServiceTier      json.RawMessage `json:"service_tier,omitempty"`
-	PromptCacheKey   json.RawMessage `json:"prompt_cache_key,omitempty"`
-	SafetyIdentifier json.RawMessage `json:"safety_identifier,omitempty"`
-	User             json.RawMessage `json:"user,omitempty"`
-}
-
-const openAISharedNames = "store metadata service_tier prompt_cache_key safety_identifier user"
-
-func (o openAIShared) names() (n []string) {
-	for i, v := range []json.RawMessage{o.Store, o.Metadata, o.ServiceTier, o.PromptCacheKey, o.SafetyIdentifier, o.User} {
-		if !rawIsNull(v) {
-			n = append(n, strings.Fields(openAISharedNames)[i])
-		}
-	}
-	return n
-}
-
-// message is one turn: user (tool results too), assistant, or system after the leading System.
-type message struct {
-	Role  string
-	Parts []part
-}
-
 // Neutral names: part types, tool kinds, tool_choice modes, and caller dialects (one per public chat endpoint).
 const (
 	partText       = "text"
@@ -89,31 +38,89 @@ const (
 	dialectResponses = "responses" // POST /v1/responses
 )
 
-type part struct {
-	Type       string
-	Text       string // text; tool_result: its text content
-	URL        string // image and document: an https URL or a data URL
-	Detail     string // image: the OpenAI formats' detail
-	Filename   string // document
-	ToolCallID string // tool_call and tool_result
-	ToolName   string // tool_call: the (flattened) tool name
-	Arguments  string // tool_call: JSON-encoded arguments, or a custom tool's free-form input
-	Custom     bool   // tool_call and tool_result: the call is to a custom tool
-	IsError    bool   // tool_result
-	Media      []part // tool_result: its image and document parts (chat has none: named dropped)
-}
+type (
+	// chatRequest is one chat request in no particular format; a *Name field is the caller's member for the one before it.
+	chatRequest struct {
+		Model             string // as the caller named it: alias, route, selector or best
+		System            string // the leading system and developer text
+		Messages          []message
+		Tools             []tool
+		ToolChoice        *toolChoice // nil: the provider's default
+		ParallelToolCalls *bool
+		MaxTokens         int // 0: the caller gave none (SPEC §6.4 decides)
+		LimitName         string
+		Temperature       *float64
+		TopP              *float64
+		Stop              []string
+		StopName          string        // responses has none
+		Output            *outputFormat // structured output; nil: free text
+		Effort            string        // reasoning effort; "" the provider's default
+		EffortName        string
+		Verbosity         string
+		Shared            openAIShared
+		Stream            bool
+		StreamUsage       bool     // a chat caller sent stream_options.include_usage: true
+		Dropped           []string // caller member names the request loses (drop)
+	}
+	// openAIShared holds the members Chat Completions and Responses share under one name and shape: carried between them as sent, dropped toward messages.
+	openAIShared struct {
+		Store            json.RawMessage `json:"store,omitempty"`
+		Metadata         json.RawMessage `json:"metadata,omitempty"`
+		ServiceTier      json.RawMessage `json:"service_tier,omitempty"`
+		PromptCacheKey   json.RawMessage `json:"prompt_cache_key,omitempty"`
+		SafetyIdentifier json.RawMessage `json:"safety_identifier,omitempty"`
+		User             json.RawMessage `json:"user,omitempty"`
+	}
+	// message is one turn: user (tool results too), assistant, or system after the leading System.
+	message struct {
+		Role  string
+		Parts []part
+	}
+	part struct {
+		Type       string
+		Text       string // text; tool_result: its text content
+		URL        string // image and document: an https URL or a data URL
+		Detail     string // image: the OpenAI formats' detail
+		Filename   string // document
+		ToolCallID string // tool_call and tool_result
+		ToolName   string // tool_call: the (flattened) tool name
+		Arguments  string // tool_call: JSON-encoded arguments, or a custom tool's free-form input
+		Custom     bool   // tool_call and tool_result: the call is to a custom tool
+		IsError    bool   // tool_result
+		Media      []part // tool_result: its image and document parts (chat has none: named dropped)
+	}
+	// tool is one tool the model may call, in the shape Responses declares it (chat nests the same members under
+	// its type). Name is what providers see: a namespace member is flattened to <namespace>__<name> (SPEC §7.6).
+	tool struct {
+		Type        string          `json:"type,omitempty"` // function or custom
+		Name        string          `json:"name,omitempty"`
+		Description string          `json:"description,omitempty"`
+		Parameters  json.RawMessage `json:"parameters,omitempty"` // function: JSON Schema object; nil when none given
+		Strict      *bool           `json:"strict,omitempty"`
+		Format      json.RawMessage `json:"format,omitempty"` // custom: the grammar or text format
+		Tools       json.RawMessage `json:"tools,omitempty"`  // a caller's namespace: its members, read into tools of their own
+		Namespace   string          `json:"-"`                // "" outside a group
+	}
+	// toolChoice says whether and which tool the model must call.
+	toolChoice struct{ Mode, Name string }
+	// outputFormat is structured output as the formats write it: json_schema with a Schema, or json_object for any JSON, which messages cannot express.
+	outputFormat struct {
+		Type        string          `json:"type,omitempty"`
+		Name        string          `json:"name,omitempty"`
+		Description string          `json:"description,omitempty"`
+		Schema      json.RawMessage `json:"schema,omitempty"`
+		Strict      *bool           `json:"strict,omitempty"`
+	}
+)
 
-// tool is one tool the model may call, in the shape Responses declares it (chat nests the same members under
-// its type). Name is what providers see: a namespace member is flattened to <namespace>__<name> (SPEC §7.6).
-type tool struct {
-	Type        string          `json:"type,omitempty"` // function or custom
-	Name        string          `json:"name,omitempty"`
-	Description string          `json:"description,omitempty"`
-	Parameters  json.RawMessage `json:"parameters,omitempty"` // function: JSON Schema object; nil when none given
-	Strict      *bool           `json:"strict,omitempty"`
-	Format      json.RawMessage `json:"format,omitempty"` // custom: the grammar or text format
-	Tools       json.RawMessage `json:"tools,omitempty"`  // a caller's namespace: its members, read into tools of their own
-	Namespace   string          `json:"-"`                // "" outside a group
+const openAISharedNames = "store metadata service_tier prompt_cache_key safety_identifier user"
+
+func (req *chatRequest) dropShared(o openAIShared) {
+	for i, v := range []json.RawMessage{o.Store, o.Metadata, o.ServiceTier, o.PromptCacheKey, o.SafetyIdentifier, o.User} {
+		if !rawIsNull(v) {
+			req.drop(true, strings.Fields(openAISharedNames)[i])
+		}
+	}
 }
 
 func (t tool) memberName() string {
@@ -128,18 +135,6 @@ func (req *chatRequest) findTool(name string) *tool {
 		return &req.Tools[i]
 	}
 	return nil
-}
-
-// toolChoice says whether and which tool the model must call.
-type toolChoice struct{ Mode, Name string }
-
-// outputFormat is structured output as the formats write it: json_schema with a Schema, or json_object for any JSON, which messages cannot express.
-type outputFormat struct {
-	Type        string          `json:"type,omitempty"`
-	Name        string          `json:"name,omitempty"`
-	Description string          `json:"description,omitempty"`
-	Schema      json.RawMessage `json:"schema,omitempty"`
-	Strict      *bool           `json:"strict,omitempty"`
 }
 
 // wireFormat is one row of the format table: a format's dialect, protocol and translations.

@@ -273,7 +273,7 @@ func encodeMessages(req *chatRequest, c call, h http.Header) ([]byte, error) {
 	case req.System != "":
 		out.System = jsonText(req.System)
 	}
-	req.drop(true, req.Shared.names()...)
+	req.dropShared(req.Shared)
 	turns, inLoop := []messagesTurn{}, false // in a tool loop: the last assistant turn calls a tool
 	for _, m := range req.Messages {
 		content, err := req.messagesContent(m.Parts)

@@ -191,7 +191,7 @@ func encodeResponses(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 		req.drop(req.LimitName != "", req.LimitName)
 		req.drop(req.Temperature != nil, "temperature")
 		req.drop(req.TopP != nil, "top_p")
-		req.drop(true, openAIShared{Metadata: out.Metadata, SafetyIdentifier: out.SafetyIdentifier, User: out.User}.names()...)
+		req.dropShared(openAIShared{Metadata: out.Metadata, SafetyIdentifier: out.SafetyIdentifier, User: out.User})
 		out.callerHead, out.MaxOutputTokens = callerHead{Model: c.res.Model, Stream: req.Stream}, 0
 		out.Instructions, out.openAIShared = cmp.Or(req.System, codexDefaultInstructions),
 			openAIShared{Store: json.RawMessage("false"), ServiceTier: out.ServiceTier, PromptCacheKey: out.PromptCacheKey}
