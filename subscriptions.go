@@ -184,7 +184,7 @@ func unusable(err error) error {
 	return refuse("dependency_unavailable", "%v", err).because(err)
 }
 
-// invalidate drops every cached listing: a pass or a probe changed the rows (the overlay is re-read on change).
+// invalidate drops every cached listing: a pass changed the rows (the overlay is re-read on change).
 func (inv *inventory) invalidate() { inv.write(func() error { return nil }) }
 
 // donation is the strict body (and the CLI's request) of POST …/subscriptions/{agent_id}.
