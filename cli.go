@@ -102,12 +102,11 @@ func commands() []command {
 		{name: "clients list", purpose: "each client's id, role, agent and allowlist (never a token or digest)", example: "brama clients list",
 			run: func(e *cliEnv, _ opts, _ []string) error {
 				doc, err := e.deps(e.sys()).clients.load() // absent: no clients
-				return table(e.stdout, err, "ID\tROLE\tAGENT\tALLOWED\n", func(yield func(...string)) {
-					for _, c := range doc.Clients {
+				return table(e.stdout, err, "ID\tROLE\tAGENT\tALLOWED\n", valueOr(doc, clientsDoc{}).Clients,
+					func(c client) []string {
 						allow := map[bool]string{true: "(any model)"}[c.AllowedModels == nil] + strings.Join(c.AllowedModels, ",")
-						yield(c.ID, c.Role, cmp.Or(c.AgentID, "-"), allow)
-					}
-				})
+						return []string{c.ID, c.Role, cmp.Or(c.AgentID, "-"), allow}
+					})
 			}},
 		{name: "deployments add", args: "NAME -port PORT [-host H] [-model M]", pos: 1, purpose: "declare a local OpenAI-compatible server", example: "brama deployments add ollama -port 11434 -model llama3.2", flags: []flagSpec{{"host", "127.0.0.1", "the server's IPv4 loopback or 100.64.0.0/10 `address`"}, {"port", 0, "the server's `port` (required)"}, {"model", "", "the upstream `model` name (default: NAME)"}},
 			run: func(e *cliEnv, o opts, p []string) error {
@@ -124,15 +123,14 @@ func commands() []command {
 		{name: "deployments list", purpose: "one row per deployment: name, endpoint, model, adapters", example: "brama deployments list",
 			run: func(e *cliEnv, _ opts, _ []string) error {
 				doc, err := e.deps(e.sys()).reg.current()
-				return table(e.stdout, err, "NAME\tENDPOINT\tMODEL\tADAPTERS\n", func(yield func(...string)) {
-					for _, d := range doc.Deployments {
+				return table(e.stdout, err, "NAME\tENDPOINT\tMODEL\tADAPTERS\n", valueOr(doc, routesDoc{}).Deployments,
+					func(d deployment) []string {
 						var names []string
 						for _, a := range d.Adapters {
 							names = append(names, a.Name)
 						}
-						yield(d.Name, d.baseURL(), cmp.Or(d.Model, d.Name), cmp.Or(strings.Join(names, ","), "-"))
-					}
-				})
+						return []string{d.Name, d.baseURL(), cmp.Or(d.Model, d.Name), cmp.Or(strings.Join(names, ","), "-")}
+					})
 			}},
 		{name: "credentials set", args: "PROVIDER", pos: 1, purpose: "store a direct API key read from stdin's first line in the vault", example: `printf '%s\n' "$KEY" | brama credentials set openai`,
 			run: func(e *cliEnv, _ opts, p []string) error { // never the key as a flag: flags show up in ps
@@ -162,11 +160,8 @@ func commands() []command {
 		{name: "credentials list", purpose: "the providers the vault holds a direct key for (names only, never a key)", example: "brama credentials list",
 			run: func(e *cliEnv, _ opts, _ []string) error {
 				doc, err := e.deps(e.sys()).vault.load()
-				return table(e.stdout, err, "", func(yield func(...string)) {
-					for _, p := range slices.Sorted(maps.Keys(doc.Direct)) {
-						yield(p)
-					}
-				})
+				return table(e.stdout, err, "", slices.Sorted(maps.Keys(valueOr(doc, vaultDoc{}).Direct)),
+					func(p string) []string { return []string{p} })
 			}},
 		{name: "subscription add", args: "-provider P -agent A [-label L] [-oauth-file F]", need: []string{"provider", "agent"}, purpose: "donate a subscription through the daemon (the API key on stdin after the bearer line, or a grant file); prints the new id", example: `printf '%s\n' "$KEY" | BRAMA_TOKEN=$T brama subscription add -provider kimi -agent a1`, flags: []flagSpec{gateway, {"provider", "", "the `provider` of the subscription (claude-code, codex, kimi, openai, …)"}, agent("the `agent` that receives it"), label, {"oauth-file", "", "read an OAuth grant {\"access_token\",\"refresh_token\",\"expires_at_ms\",…} from `file` instead of an API key on stdin"}},
 			run: func(e *cliEnv, o opts, _ []string) error {
@@ -193,17 +188,16 @@ func commands() []command {
 					return e.say(err, "%s", b)
 				}
 				retired := 0
-				table(e.stdout, nil, "ID\tPROVIDER\tSTATUS\tCREDENTIAL\tUSED\tLABEL\n", func(yield func(...string)) {
-					for _, r := range l.Subscriptions {
+				table(e.stdout, nil, "ID\tPROVIDER\tSTATUS\tCREDENTIAL\tUSED\tLABEL\n", l.Subscriptions,
+					func(r subscriptionRow) []string {
 						cred, used, top := valueOr(r.Credential, ledgerCredential{State: "-"}).State, "-", 0.0
 						for _, w := range r.Windows {
 							top = max(top, w.UsedFraction)
 							used = fmt.Sprintf("%.0f%%", top*100) + map[bool]string{true: " (stale)"}[r.Stale]
 						}
 						retired += boolCount(r.Status == "retired")
-						yield(r.ID, r.Provider, r.Status, cred, used, cmp.Or(r.Label, "-"))
-					}
-				})
+						return []string{r.ID, r.Provider, r.Status, cred, used, cmp.Or(r.Label, "-")}
+					})
 				return e.say(nil, "%d subscription(s), %d retired\n", len(l.Subscriptions), retired)
 			}},
 		{name: "subscription retire", args: "-agent A [-reason R] ID", pos: 1, need: []string{"agent"}, purpose: "retire a subscription (journaled)", example: "brama subscription retire -agent a1 sub_0123456789abcdef", flags: []flagSpec{gateway, agent("the `agent` that owns the subscription"), {"reason", "", `why (journaled; default "retired by <client id>")`}},
@@ -351,11 +345,7 @@ func run(ctx context.Context, cut <-chan struct{}, args []string, getenv func(st
 			w, err = stderr, &usageError{msg: "want a command"}
 		}
 		fmt.Fprint(w, "usage: brama COMMAND [flags] [arguments]; brama COMMAND -h prints its flags and an example\n\n")
-		table(w, nil, "", func(yield func(...string)) {
-			for _, c := range commands() {
-				yield("  "+c.name, c.purpose)
-			}
-		})
+		table(w, nil, "", commands(), func(c command) []string { return []string{"  " + c.name, c.purpose} })
 		return err
 	} else if args[0] == "-version" || args[0] == "--version" {
 		args = append([]string{"version"}, args[1:]...)
@@ -428,14 +418,16 @@ func run(ctx context.Context, cut <-chan struct{}, args []string, getenv func(st
 	return err
 }
 
-// table prints the rows rows yields aligned under header (its line, or ""), cells tab-separated, unless err.
-func table(w io.Writer, err error, header string, rows func(yield func(...string))) error {
+// table prints row's cells for each item aligned under header (its line, or ""), unless err (items may then be none).
+func table[T any](w io.Writer, err error, header string, items []T, row func(T) []string) error {
 	if err != nil {
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprint(tw, header)
-	rows(func(cells ...string) { fmt.Fprintln(tw, strings.Join(cells, "\t")) })
+	for _, it := range items {
+		fmt.Fprintln(tw, strings.Join(row(it), "\t"))
+	}
 	return tw.Flush()
 }
 
@@ -456,10 +448,8 @@ func routesCommand(e *cliEnv, o opts, p []string) error {
 		b, _ := json.Marshal(t)
 		return e.say(err, "%s\n", b)
 	}
-	table(e.stdout, nil, "ALIAS\tSTATE\tROUTE\tREASON\n", func(yield func(...string)) {
-		for _, a := range t.Aliases {
-			yield(a.Alias, a.State, valueOr(a.Route, "-"), a.Reason)
-		}
+	table(e.stdout, nil, "ALIAS\tSTATE\tROUTE\tREASON\n", t.Aliases, func(a aliasRow) []string {
+		return []string{a.Alias, a.State, valueOr(a.Route, "-"), a.Reason}
 	})
 	return e.say(nil, "%d alias(es), %d cannot serve\n", len(t.Aliases), t.Unserviceable)
 }
