@@ -15,7 +15,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"path"
-	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -429,21 +428,21 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 		warn("the state directory has mode %#o: group or other may remove or replace its files, the journal too (chmod 700)", perm)
 	}
 	errOf := func(_ any, err error) error { return err }
-	check := func(what, env, path string, pathErr, err error, expected ...error) {
+	check := func(what, env, path string, pathErr, err error) {
 		if pathErr != nil && !errors.Is(pathErr, s.st.cause) { // not the value: it may lie outside the state directory
 			warn("%s is not an absolute path, so that file has no place (§2.1's no state directory)", env)
 		}
-		if err != nil && !slices.ContainsFunc(expected, func(e error) bool { return errors.Is(err, e) }) {
+		if err != nil && !errors.Is(err, errNoState) && !errors.Is(err, errFileAbsent) { // no place or no file: nothing failed
 			reasons = append(reasons, what+s.hidePath(err.Error(), path))
 		}
 	}
-	check("route registry unusable: ", "BRAMA_ROUTES_FILE", s.reg.path, s.reg.pathErr, errOf(s.reg.current()), errNoState)
-	check("vault unusable: ", "BRAMA_VAULT_FILE", s.vault.path, s.vault.pathErr, errOf(s.vault.load()), errNoState)
-	check("clients file unusable: ", "BRAMA_CLIENTS_FILE", s.clients.path, s.clients.pathErr, errOf(s.clients.load()), errFileAbsent)
-	check("", "", "", nil, errOf(s.inv.overlay.load()), errNoState) // the error names the overlay and the rule
+	check("route registry unusable: ", "BRAMA_ROUTES_FILE", s.reg.path, s.reg.pathErr, errOf(s.reg.current()))
+	check("vault unusable: ", "BRAMA_VAULT_FILE", s.vault.path, s.vault.pathErr, errOf(s.vault.load()))
+	check("clients file unusable: ", "BRAMA_CLIENTS_FILE", s.clients.path, s.clients.pathErr, errOf(s.clients.load()))
+	check("", "", "", nil, errOf(s.inv.overlay.load())) // the error names the overlay and the rule
 	check("ledger unusable (served empty, never overwritten): ", "", "", nil, s.ledger.unreadable)
-	check("journal unusable: ", "", "", nil, errOf(s.journal.size()), errNoState)
-	check("answer key unusable (every signed answer is refused): ", "", "", nil, errOf(readAnswerKey(s.st, false)), errFileAbsent, errNoState)
+	check("journal unusable: ", "", "", nil, errOf(s.journal.size()))
+	check("answer key unusable (every signed answer is refused): ", "", "", nil, errOf(readAnswerKey(s.st, false)))
 	if ids := s.vault.unwrittenIDs(); len(ids) > 0 {
 		warn("the vault refused to keep the rotated OAuth grant of %s: it is used from memory and written again at the next maintenance pass (a restart before that loses it)", strings.Join(ids, ", "))
 	}
