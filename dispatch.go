@@ -140,6 +140,7 @@ func (e *engine) applyMaxTokens(req *chatRequest, res resolution) error {
 // paid by a direct key, the probed subscription or the agent's pool (read when reached; one that refused all is skipped
 // after). A rotating kind moves on only after a refusal proving nothing was generated: else cost or tool effects double.
 func (e *engine) attemptRoute(ctx context.Context, j *job, c call, req *callerRequest, sels []resolution) *apiError {
+	records := j.rotate || j.pool != nil // refusals mark the subscription (the probe's too), else are answered at once
 	if !j.selects {
 		sels = []resolution{c.res}
 	}
@@ -206,8 +207,7 @@ candidates:
 				e.ledger.recordUse(sub.ID, p.id, false, 0, 0)
 			}
 			switch e.met = append(e.met, ref.class); {
-			case ref.class == "" || !j.rotate && j.pool == nil: // a transport failure or cut body is potentially billable
-			case ref.class == refusalAuth: // the probe's is recorded, not retried
+			case ref.class == refusalAuth && records: // the probe's is recorded, not retried
 				vc, err := e.inv.credential(sub.ID) // what a sign-in or refresh put in the vault meanwhile gets the next call, marked nothing (SPEC §10.3, §11.1)
 				kept := err != nil || cmp.Or(cmp.Or(vc.OAuth, &oauthGrant{}).AccessToken, vc.APIKey) == c.cred.bearer()
 				if (!j.rotate || c.cred.AccessToken == "" || slices.Contains(e.refreshed, sub.ID)) && kept {
@@ -219,17 +219,15 @@ candidates:
 				} else if err != nil && !errors.Is(err, errSkipSubscription) {
 					return asAPIError(err).withAttempts(e.t.attempts)
 				}
-				continue
-			case blockedAs[ref.class] != "":
+			case blockedAs[ref.class] != "" && records:
 				e.blocks = append(e.blocks, e.ledger.block(sub.ID, p.id, ref.retryAfter, ref.sentence))
 				e.note(sub.ID, blockedAs[ref.class]+ref.sentence)
-				continue
 			case ref.class == refusalModel && j.selects: // the next candidate may take the request
 				e.rejectedStatus, rejected = ref.err.Status(), true
 				e.note(res.Route, "refused the request: "+ref.sentence)
-				continue
+			default: // any other refusal; a transport failure or cut body, potentially billable
+				return e.settle(ctx, j, c, start, usage{}, ref.err.withAttempts(e.t.attempts))
 			}
-			return e.settle(ctx, j, c, start, usage{}, ref.err.withAttempts(e.t.attempts))
 		}
 		if e.t.attempts > before && j.spends { // calls all refused count as one failure of the route (SPEC §13)
 			e.perf.record(res.Route, false, e.now().Sub(begin), 0)
