@@ -295,12 +295,10 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 // reservation (in progress) or a complete one to replay (its signature checked); else a refusal: a bad key, a busy one,
 // one left unkept, or, with no place, §2.1's. A stopped process's reservation is first completed as item 2's refusal.
 func (a *answerStore) reserve(c signedCall) (*answerRecord, error) {
-	switch k := c.keys[0]; { // SPEC §12: one header of 1..255 printable ASCII characters, on a buffered request
-	case len(c.keys) > 1 || len(k) < 1 || len(k) > 255 ||
-		strings.ContainsFunc(k, func(r rune) bool { return r < 0x20 || r > 0x7e }):
-		return nil, refuse("invalid_request", "send one Idempotency-Key header of 1 to 255 printable ASCII characters")
-	case c.req.head.Stream:
-		return nil, refuse("invalid_request", "Idempotency-Key keeps one buffered answer; it cannot be used with stream: true")
+	if k := c.keys[0]; len(c.keys) > 1 || len(k) < 1 || len(k) > 255 || c.req.head.Stream ||
+		strings.ContainsFunc(k, func(r rune) bool { return r < 0x20 || r > 0x7e }) {
+		return nil, refuse("invalid_request",
+			"send one Idempotency-Key header of 1 to 255 printable ASCII characters, on a buffered request (not stream: true)")
 	}
 	// A client id names a directory: the clients file's validation holds it to idPattern.
 	path, err := a.st.path("signed answers", filepath.Join("answers", c.client, hexSHA256([]byte(c.keys[0]))+".json"))
@@ -328,14 +326,12 @@ func (a *answerStore) reserve(c signedCall) (*answerRecord, error) {
 			return nil, refuse("internal_error", unplaced, err).because(err)
 		}
 		rec, err := readAnswerFile(path)
-		if err == nil && rec.State == answerComplete && !hmac.Equal([]byte(signAnswer(key, rec.Body)), []byte(*rec.Signature)) {
-			err = errSignatureMismatch
-		}
 		_, unkept := a.unkept.Load(path)
 		switch open := err == nil && rec.State == answerInProgress; {
 		case errors.Is(err, errFileAbsent):
 			continue
-		case err != nil:
+		case err != nil || rec.State == answerComplete && !hmac.Equal([]byte(signAnswer(key, rec.Body)), []byte(*rec.Signature)):
+			err = cmp.Or(err, errSignatureMismatch)
 			return nil, refuse("internal_error", "the kept answer for this Idempotency-Key is unreadable").because(err)
 		case rec.RequestSHA256 != t.RequestSHA256:
 			return nil, refuse("state_conflict", "this Idempotency-Key was used with another request body")
@@ -501,7 +497,6 @@ func (g *replayGuard) check(client, agent string, h http.Header, body rawObject,
 	if e != nil {
 		refusal = refuse(e.code, "this request repeats one refused at %s after a provider call (%s); the same request is refused without a provider call until %s (BRAMA_REPLAY_GUARD_SECS)",
 			e.until.Add(-g.window).UTC().Format(time.RFC3339), strings.TrimSuffix(e.code+": "+e.message, ": "), e.until.UTC().Format(time.RFC3339))
-		refusal.Retryable = false
 		refusal.withStatus(e.status).because(errReplayRefused).withAttempts(0)
 	}
 	return refusal, func(ae *apiError, attempts int, hungUp, streamed bool) {
@@ -510,10 +505,9 @@ func (g *replayGuard) check(client, agent string, h http.Header, body rawObject,
 			return
 		}
 		loose := ae.Code == "provider_incomplete" || ae.Code == "provider_failure"
-		e := &replayEntry{status: ae.Status(), code: ae.Code, message: truncateUTF8(ae.Message, maxReplayMessage),
-			alias: c.res.Alias, client: client, key: replayKeyOf(client, scope(), body, loose)}
-		if streamed { // met in-band under a 200: its code's status, no message
-			e.status, e.message = 0, ""
+		e := &replayEntry{code: ae.Code, alias: c.res.Alias, client: client, key: replayKeyOf(client, scope(), body, loose)}
+		if !streamed { // a streamed one, met in-band under a 200, keeps its code's status and no message
+			e.status, e.message = ae.Status(), truncateUTF8(ae.Message, maxReplayMessage)
 		}
 		for _, cand := range append([]resolution{c.res}, cands...) { // a provider twice does no harm
 			e.providers = append(e.providers, cand.Provider.id)
