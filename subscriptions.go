@@ -236,10 +236,8 @@ func (inv *inventory) store(it overlayItem, cred vaultCredential, by string) (ov
 					return refuse("state_conflict", "this OAuth grant is held by another subscription (a retired one too); sign in anew")
 				}
 			}
-			if doc.Subscriptions[it.ID] = cred; fresh { // refused, nothing is written
-				return inv.overlayLost(len(doc.Subscriptions) - 1)
-			}
-			return nil
+			doc.Subscriptions[it.ID] = cred // refused, nothing is written (a replacement's item was just read: never lost)
+			return inv.overlayLost(len(doc.Subscriptions) - 1)
 		}))
 		if err != nil || !fresh {
 			return err
