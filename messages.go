@@ -289,6 +289,15 @@ func encodeMessages(req *chatRequest, c call, h http.Header) ([]byte, error) {
 		}
 	}
 	out.Messages = must(json.Marshal(turns))
+	if f := req.Output; f != nil && f.Type != "json_schema" {
+		return nil, refuse("invalid_request", "structured output without a JSON Schema (JSON mode) cannot be expressed to an anthropic-messages provider; send a JSON Schema")
+	} else if f != nil {
+		out.OutputConfig.Format = &outputFormat{Type: f.Type, Schema: f.Schema}
+	}
+	// SPEC §7.6: the structured-outputs beta, for a JSON Schema output format or a tool's strict, true or false.
+	if req.Output != nil || slices.ContainsFunc(req.Tools, func(t tool) bool { return t.Strict != nil }) {
+		h.Add("Anthropic-Beta", structuredOutputsBeta)
+	}
 	budget := min(effortBudgets[max(0, slices.Index(effortNames, req.Effort))], cmp.Or(req.MaxTokens, math.MaxInt)-1)
 	if budget >= 1024 && !inLoop { // an unknown effort has none; the API refuses temperature and top_p beside thinking
 		req.drop(req.Temperature != nil, "temperature")
@@ -296,6 +305,7 @@ func encodeMessages(req *chatRequest, c call, h http.Header) ([]byte, error) {
 		out.Thinking, out.Temperature, out.TopP = &messagesOption{Type: "enabled", BudgetTokens: budget}, nil, nil
 		if adaptiveModels.MatchString(c.res.Model) { // an effort, not a budget; Anthropic has no "minimal"
 			out.Thinking, out.OutputConfig.Effort = &messagesOption{Type: "adaptive"}, strings.Replace(req.Effort, "minimal", "low", 1)
+			h.Add("Anthropic-Beta", effortBeta)
 		}
 	} else {
 		req.drop(req.Effort != "", req.EffortName)
@@ -315,18 +325,6 @@ func encodeMessages(req *chatRequest, c call, h http.Header) ([]byte, error) {
 	if c := valueOr(req.ToolChoice, toolChoice{Mode: toolChoiceAuto}); req.ToolChoice != nil || serial {
 		out.ToolChoice = &messagesOption{Type: strings.Replace(c.Mode, toolChoiceRequired, "any", 1), Name: c.Name,
 			DisableParallelToolUse: ifSet(new(true), serial && c.Mode != toolChoiceNone)}
-	}
-	if f := req.Output; f != nil && f.Type != "json_schema" {
-		return nil, refuse("invalid_request", "structured output without a JSON Schema (JSON mode) cannot be expressed to an anthropic-messages provider; send a JSON Schema")
-	} else if f != nil {
-		out.OutputConfig.Format = &outputFormat{Type: f.Type, Schema: f.Schema}
-	}
-	// SPEC §7.6: the structured-outputs beta, for a JSON Schema output format or a tool's strict, true or false.
-	if req.Output != nil || slices.ContainsFunc(req.Tools, func(t tool) bool { return t.Strict != nil }) {
-		h.Add("Anthropic-Beta", structuredOutputsBeta)
-	}
-	if out.OutputConfig.Effort != "" {
-		h.Add("Anthropic-Beta", effortBeta)
 	}
 	return json.Marshal(out)
 }
