@@ -227,7 +227,7 @@ func TestHangUpBetweenTwoCalls(t *testing.T) {
 			<-callCtx.Done()
 		}
 	}
-	defer func() { testingOnlyBeforeCall = func(context.Context) {} }()
+	defer func() { testingOnlyBeforeCall = nil }()
 	req, _ := http.NewRequestWithContext(ctx, "POST", d.url+"/v1/chat/completions", strings.NewReader(chatBody(dialectChat, "kimi/k2-test", false, "")))
 	req.Header.Set("Authorization", "Bearer "+tok)
 	if err := hangUpAfter(req, cancel, second); !errors.Is(err, context.Canceled) {

@@ -276,14 +276,16 @@ func (e *engine) exhausted(res resolution, tried bool, unfit *apiError) *apiErro
 	return ae.withAttempts(n)
 }
 
-// testingOnlyBeforeCall runs as send starts a call (a no-op in production).
-var testingOnlyBeforeCall = func(context.Context) {}
+// testingOnlyBeforeCall runs as send starts a call (nil in production, STYLE B2).
+var testingOnlyBeforeCall func(context.Context)
 
 // send makes one provider call, the one place an attempt is counted: a 2xx with its body unread, else the failure (a whole
 // non-2xx's classified, else of no class); plan windows reach sub's ledger from every answer (SPEC §6.3).
 func (e *engine) send(hr *http.Request, c call, sub *overlayItem) (_ *http.Response, _ providerRefusal, made bool) {
 	p := c.res.Provider
-	testingOnlyBeforeCall(hr.Context())
+	if testingOnlyBeforeCall != nil {
+		testingOnlyBeforeCall(hr.Context())
+	}
 	if err := hr.Context().Err(); err != nil { // the caller hung up since the last call: none is sent
 		return nil, providerRefusal{err: classifyTransport(err)}, false
 	}
