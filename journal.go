@@ -122,13 +122,11 @@ func (j *journal) append(rec journalRecord) error {
 		return fmt.Errorf("journal: %w", err)
 	}
 	defer f.Close() // also unlocks after a failed write
-	last := []byte{'\n'}
 	fi, err := f.Stat()
-	if err == nil && fi.Size() > 0 {
-		_, err = f.ReadAt(last, fi.Size()-1)
-	}
-	if last[0] != '\n' { // SPEC §9: the torn line stays, marked (no JSON text ends in ')'); this record starts fresh
-		line = slices.Concat([]byte(" (torn)\n"), line)
+	if last := []byte{'\n'}; err == nil && fi.Size() > 0 { // SPEC §9: a torn final line stays, marked
+		if _, err = f.ReadAt(last, fi.Size()-1); last[0] != '\n' {
+			line = slices.Concat([]byte(" (torn)\n"), line) // no JSON text ends in ')'; this record starts fresh
+		}
 	}
 	if err == nil {
 		_, err = f.Write(append(line, '\n')) // a short write is an error
@@ -260,10 +258,8 @@ func parseJournalLine(line []byte) (r journalRecord, reason string) {
 		field := rv.FieldByIndex(f.Index).Addr().Interface()
 		if i < 2 && !ok {
 			return journalRecord{}, "missing " + name
-		} else if i < 2 && (string(raw) == "null" || json.Unmarshal(raw, field) != nil) {
-			return journalRecord{}, name + " is not a string"
-		} else if i < 2 && *field.(*string) == "" {
-			return journalRecord{}, name + " is empty"
+		} else if i < 2 && (json.Unmarshal(raw, field) != nil || *field.(*string) == "") { // null leaves it ""
+			return journalRecord{}, name + " is empty or not a string"
 		} else if ok && json.Unmarshal(raw, field) != nil {
 			return journalRecord{}, "field " + name + " has the wrong type"
 		}

@@ -93,7 +93,7 @@ func TestReadJournalLines(t *testing.T) {
 		{"route_change to wrong type", `{"kind":"route_change","at":"t","from":null,"to":5}` + "\n", nil,
 			[]badLine{{1, "field to has the wrong type"}}, false},
 		{"empty kind and null at", "{\"kind\":\"\",\"at\":\"t\"}\n{\"kind\":\"a\",\"at\":null}\n", nil,
-			[]badLine{{1, "kind is empty"}, {2, "at is not a string"}}, false},
+			[]badLine{{1, "kind is empty or not a string"}, {2, "at is empty or not a string"}}, false},
 		{"number for a string", `{"kind":"a","at":"t","reason":1.5}` + "\n", nil,
 			[]badLine{{1, "field reason has the wrong type"}}, false},
 		{"retired kinds' fields skipped", `{"kind":"check","at":"t","score":"x","attempted":1.5}` + "\n",

@@ -276,7 +276,7 @@ func TestJournalUnreadableMiddleLine(t *testing.T) {
 		{"array", `["SECRET"]`, "not a JSON object"},
 		{"empty", "", "empty line"},
 		{"missing kind", `{"at":"2025-01-01T00:00:00.000Z","detail":"SECRET"}`, "missing kind"},
-		{"kind not a string", `{"kind":7,"at":"x","detail":"SECRET"}`, "kind is not a string"},
+		{"kind not a string", `{"kind":7,"at":"x","detail":"SECRET"}`, "kind is empty or not a string"},
 		{"missing at", `{"kind":"retire","detail":"SECRET"}`, "missing at"},
 		{"wrong field type", `{"kind":"retire","at":"x","subscription_id":["SECRET"]}`, "field subscription_id has the wrong type"},
 	}

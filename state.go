@@ -321,12 +321,11 @@ func removeStaleTemps(dir string, elsewhere ...string) (n int, err error) {
 			if !e.Type().IsRegular() || m == nil || sw[1] != "" && m[1] != sw[1] {
 				continue
 			}
-			target, remove := filepath.Join(sw[0], m[1]), func() error { return os.Remove(filepath.Join(sw[0], e.Name())) }
-			if _, err = os.Lstat(target + ".lock"); err == nil {
-				err = withFileLock(target, remove)
-			} else {
-				err = remove()
+			lf, err := flockFile(filepath.Join(sw[0], m[1]+".lock"), 0, syscall.LOCK_EX) // a probe: it creates no lock
+			if err == nil || errors.Is(err, os.ErrNotExist) {
+				err = os.Remove(filepath.Join(sw[0], e.Name()))
 			}
+			lf.Close() // nil without a lock file
 			if err != nil && !errors.Is(err, os.ErrNotExist) {
 				return n, err
 			}
