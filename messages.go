@@ -167,32 +167,18 @@ func parseMessages(cr *callerRequest) (chatRequest, error) {
 // messagesParts reads a turn's content (role "result": a tool result's); other blocks and members are dropped and named.
 func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what string) ([]part, error) {
 	parts, err := callerParts(req, raw, what, "content blocks", func(bl messagesBlock, _ json.RawMessage, path string) (p part, _ string, err error) {
-		if bl.Type == "tool_use" && role != "assistant" || bl.Type == "tool_result" && role != "user" {
-			return p, "", refuse("invalid_request", "%s.type %s is not allowed in a %s turn", path, quoteCallerToken(bl.Type), role)
-		}
-		switch bl.Type {
-		case "text":
+		p = part{Type: bl.Type, Filename: bl.Title} // an image or document (partImage, partDocument); others build theirs
+		switch src := valueOr(bl.Source, messagesSource{}); {
+		case bl.Type == "tool_use" && role != "assistant" || bl.Type == "tool_result" && role != "user":
+			return part{}, "", refuse("invalid_request", "%s.type %s is not allowed in a %s turn", path, quoteCallerToken(bl.Type), role)
+		case bl.Type == "text":
 			p, err = textPart(bl.Text, path)
-		case "image", "document": // a source as the neutral URL: base64 data and text a data URL, a url source itself
-			p.Type, p.Filename = bl.Type, bl.Title // partImage and partDocument are the block types (a document has a title)
-			switch src := valueOr(bl.Source, messagesSource{}); {
-			case src.Type == "base64" && src.MediaType != "" && src.Data != "":
-				p.URL = "data:" + src.MediaType + ";base64," + src.Data
-			case src.Type == "text":
-				p.URL = "data:text/plain;base64," + base64.StdEncoding.EncodeToString([]byte(src.Data))
-			case src.Type == "url":
-				p.URL, err = src.URL, checkCallerURL(src.URL, path+".source.url")
-			case src.Type == "file": // a file reference (no counterpart): dropped
-				return part{}, bl.Type, nil
-			default:
-				return part{}, "", refuse("invalid_request", "%s.source must be base64 with a media_type, text, url or file", path)
-			}
-		case "tool_use":
+		case bl.Type == "tool_use":
 			if bl.Input, err = jsonObject(bl.Input, path+".input"); err == nil && (bl.ID == "" || bl.Name == "") {
 				err = refuse("invalid_request", "%s needs an id and a name", path)
 			}
 			p = part{Type: partToolCall, ToolCallID: bl.ID, ToolName: bl.Name, Arguments: cmp.Or(string(bl.Input), "{}")}
-		case "tool_result":
+		case bl.Type == "tool_result":
 			var inner []part
 			if !rawIsNull(bl.Content) {
 				inner, err = req.messagesParts("result", bl.Content, path+".content")
@@ -200,8 +186,16 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 			if p = toolResult(bl.ToolUseID, inner, false, bl.IsError); bl.ToolUseID == "" {
 				err = refuse("invalid_request", "%s.tool_use_id is required", path)
 			}
-		default: // thinking, …: dropped
-			return p, bl.Type, nil
+		case bl.Type != "image" && bl.Type != "document" || src.Type == "file": // thinking, …, a file reference: dropped
+			return part{}, bl.Type, nil
+		case src.Type == "base64" && src.MediaType != "" && src.Data != "": // the neutral URL: base64 and text a data URL
+			p.URL = "data:" + src.MediaType + ";base64," + src.Data
+		case src.Type == "text":
+			p.URL = "data:text/plain;base64," + base64.StdEncoding.EncodeToString([]byte(src.Data))
+		case src.Type == "url":
+			p.URL, err = src.URL, checkCallerURL(src.URL, path+".source.url")
+		default:
+			return part{}, "", refuse("invalid_request", "%s.source must be base64 with a media_type, text, url or file", path)
 		}
 		req.drop(bl.IsError, "is_error")
 		return p, messagesBlockMembers[bl.Type], err
