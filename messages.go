@@ -208,13 +208,12 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 
 // messagesContent is parts as blocks (nil for none), tool results first and no empty text (the API requires both); a
 // custom tool's call is the one-string-member object (SPEC §7.6); a base64 data URL is base64 data (text/plain: text).
-func (req *chatRequest) messagesContent(ps []part) (json.RawMessage, error) {
+func (req *chatRequest) messagesContent(ps []part) (_ json.RawMessage, err error) {
 	var blocks []messagesBlock
 	for _, p := range slices.SortedStableFunc(slices.Values(ps), func(a, b part) int {
 		return boolCount(b.Type == partToolResult) - boolCount(a.Type == partToolResult)
 	}) {
 		var b messagesBlock
-		var err error
 		switch p.Type {
 		case partText:
 			if p.Text == "" {
@@ -222,12 +221,11 @@ func (req *chatRequest) messagesContent(ps []part) (json.RawMessage, error) {
 			}
 			b = messagesBlock{Type: "text", Text: &p.Text}
 		case partToolCall:
-			if p.Custom {
-				p.Arguments = string(must(json.Marshal(map[string]string{"input": p.Arguments})))
-			}
 			b = messagesBlock{Type: "tool_use", ID: messagesToolID(p.ToolCallID), Name: p.ToolName}
-			if b.Input, _ = jsonObject([]byte(argumentsText(p.Arguments)), ""); b.Input == nil { // null too, never approximated
-				err = refuse("invalid_request", "a tool call's arguments are not a JSON object")
+			if b.Input, _ = jsonObject([]byte(argumentsText(p.Arguments)), ""); p.Custom {
+				b.Input = must(json.Marshal(map[string]string{"input": p.Arguments}))
+			} else if b.Input == nil { // null too, never approximated
+				return nil, refuse("invalid_request", "a tool call's arguments are not a JSON object")
 			}
 		case partToolResult:
 			b = messagesBlock{Type: "tool_result", ToolUseID: messagesToolID(p.ToolCallID), Content: jsonText(p.Text), IsError: p.IsError}
@@ -379,12 +377,10 @@ func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string)
 		ev.Delta = &messagesBlock{Type: "input_json_delta", PartialJSON: &d}
 	case step == stepClose && b.text: // the kept block gets its whole text, a call its whole input
 		m.Content[b.pos].Text = &d
-	case step == stepClose:
-		in, _ := jsonObject([]byte(argumentsText(d)), "")
-		if in == nil { // null too: {} would run the tool on nothing (SPEC §17)
+	case step == stepClose: // null too is refused: {} would run the tool on nothing (SPEC §17)
+		if m.Content[b.pos].Input, _ = jsonObject([]byte(argumentsText(d)), ""); m.Content[b.pos].Input == nil {
 			return refuse("provider_incomplete", "the provider's answer holds a tool call whose arguments are not a JSON object, which a tool_use input must be")
 		}
-		m.Content[b.pos].Input = in
 	case step == stepEnd: // message_delta and message_stop (a write error sticks: the second writes nothing)
 		m.StopReason = new(cmp.Or(messagesStopReasons[s.rd.finish], "end_turn"))
 		m.Usage = &messagesUsage{InputTokens: s.rd.usage.InputTokens, OutputTokens: s.rd.usage.OutputTokens}
