@@ -394,14 +394,14 @@ func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string)
 
 // readMessages: message_stop ends; usage comes in message_start and message_delta, whose output count is the whole.
 func (r *streamReader) readMessages(typ string, e rawObject) (keep, end bool, err error) {
-	switch typ {
-	case "message_start":
+	switch {
+	case typ == "message_start":
 		m, ok := splitRaw(e.value("message"), '{', r.scratch[1][:])
 		if !ok {
 			return false, false, eventWithout(protoAnthropic, typ, "message")
 		}
 		r.usage, err = usageOf(r.protocol, m.value("usage")) // a stream cut later still records it
-	case "message_delta":
+	case typ == "message_delta":
 		var d messagesBlock
 		u, uerr := usageOf(r.protocol, e.value("usage"))
 		if u.Reported { // newer streams repeat the cumulative input count
@@ -409,15 +409,16 @@ func (r *streamReader) readMessages(typ string, e rawObject) (keep, end bool, er
 		}
 		err = cmp.Or(r.decode(e, "delta", &d), uerr)
 		r.finish = cmp.Or(messagesFinishes[d.StopReason], r.finish) // any other reason: a stop, at message_stop
-	case "message_stop":
+	case typ == "message_stop":
 		r.finished, r.finish = true, cmp.Or(r.finish, finishStop)
 		return true, true, nil
-	case "content_block_start", "content_block_delta", "content_block_stop":
+	case r.out == nil: // passthrough reads no block, so allocates no ev (it escapes) per event
+	case typ == "content_block_start" || typ == "content_block_delta" || typ == "content_block_stop":
 		var ev messagesEvent
-		if r.out != nil && (json.Unmarshal(e.src, &ev) != nil || typ == "content_block_start" && ev.ContentBlock == nil ||
-			typ == "content_block_delta" && ev.Delta == nil) {
+		if json.Unmarshal(e.src, &ev) != nil || typ == "content_block_start" && ev.ContentBlock == nil ||
+			typ == "content_block_delta" && ev.Delta == nil {
 			err = eventWithout(protoAnthropic, typ, "a valid index, content_block and delta")
-		} else if r.out != nil {
+		} else {
 			err = r.readBlock(typ, valueOr(ev.Index, 0), ev.ContentBlock, ev.Delta)
 		}
 	} // ping and event types added later carry nothing Brama reads
