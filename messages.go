@@ -167,32 +167,18 @@ func parseMessages(cr *callerRequest) (chatRequest, error) {
 // messagesParts reads a turn's content (role "result": a tool result's); other blocks and members are dropped and named.
 func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what string) ([]part, error) {
 	parts, err := callerParts(req, raw, what, "content blocks", func(bl messagesBlock, _ json.RawMessage, path string) (p part, _ string, err error) {
-		if bl.Type == "tool_use" && role != "assistant" || bl.Type == "tool_result" && role != "user" {
-			return p, "", refuse("invalid_request", "%s.type %s is not allowed in a %s turn", path, quoteCallerToken(bl.Type), role)
-		}
-		switch bl.Type {
-		case "text":
+		p = part{Type: bl.Type, Filename: bl.Title} // an image or document (partImage, partDocument); others build theirs
+		switch src := valueOr(bl.Source, messagesSource{}); {
+		case bl.Type == "tool_use" && role != "assistant" || bl.Type == "tool_result" && role != "user":
+			return part{}, "", refuse("invalid_request", "%s.type %s is not allowed in a %s turn", path, quoteCallerToken(bl.Type), role)
+		case bl.Type == "text":
 			p, err = textPart(bl.Text, path)
-		case "image", "document": // a source as the neutral URL: base64 data and text a data URL, a url source itself
-			p.Type, p.Filename = bl.Type, bl.Title // partImage and partDocument are the block types (a document has a title)
-			switch src := valueOr(bl.Source, messagesSource{}); {
-			case src.Type == "base64" && src.MediaType != "" && src.Data != "":
-				p.URL = "data:" + src.MediaType + ";base64," + src.Data
-			case src.Type == "text":
-				p.URL = "data:text/plain;base64," + base64.StdEncoding.EncodeToString([]byte(src.Data))
-			case src.Type == "url":
-				p.URL, err = src.URL, checkCallerURL(src.URL, path+".source.url")
-			case src.Type == "file": // a file reference (no counterpart): dropped
-				return part{}, bl.Type, nil
-			default:
-				return part{}, "", refuse("invalid_request", "%s.source must be base64 with a media_type, text, url or file", path)
-			}
-		case "tool_use":
+		case bl.Type == "tool_use":
 			if bl.Input, err = jsonObject(bl.Input, path+".input"); err == nil && (bl.ID == "" || bl.Name == "") {
 				err = refuse("invalid_request", "%s needs an id and a name", path)
 			}
 			p = part{Type: partToolCall, ToolCallID: bl.ID, ToolName: bl.Name, Arguments: cmp.Or(string(bl.Input), "{}")}
-		case "tool_result":
+		case bl.Type == "tool_result":
 			var inner []part
 			if !rawIsNull(bl.Content) {
 				inner, err = req.messagesParts("result", bl.Content, path+".content")
@@ -200,8 +186,16 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 			if p = toolResult(bl.ToolUseID, inner, false, bl.IsError); bl.ToolUseID == "" {
 				err = refuse("invalid_request", "%s.tool_use_id is required", path)
 			}
-		default: // thinking, …: dropped
-			return p, bl.Type, nil
+		case bl.Type != "image" && bl.Type != "document" || src.Type == "file": // thinking, …, a file reference: dropped
+			return part{}, bl.Type, nil
+		case src.Type == "base64" && src.MediaType != "" && src.Data != "": // the neutral URL: base64 and text a data URL
+			p.URL = "data:" + src.MediaType + ";base64," + src.Data
+		case src.Type == "text":
+			p.URL = "data:text/plain;base64," + base64.StdEncoding.EncodeToString([]byte(src.Data))
+		case src.Type == "url":
+			p.URL, err = src.URL, checkCallerURL(src.URL, path+".source.url")
+		default:
+			return part{}, "", refuse("invalid_request", "%s.source must be base64 with a media_type, text, url or file", path)
 		}
 		req.drop(bl.IsError, "is_error")
 		return p, messagesBlockMembers[bl.Type], err
@@ -214,13 +208,12 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 
 // messagesContent is parts as blocks (nil for none), tool results first and no empty text (the API requires both); a
 // custom tool's call is the one-string-member object (SPEC §7.6); a base64 data URL is base64 data (text/plain: text).
-func (req *chatRequest) messagesContent(ps []part) (json.RawMessage, error) {
+func (req *chatRequest) messagesContent(ps []part) (_ json.RawMessage, err error) {
 	var blocks []messagesBlock
 	for _, p := range slices.SortedStableFunc(slices.Values(ps), func(a, b part) int {
 		return boolCount(b.Type == partToolResult) - boolCount(a.Type == partToolResult)
 	}) {
 		var b messagesBlock
-		var err error
 		switch p.Type {
 		case partText:
 			if p.Text == "" {
@@ -228,12 +221,11 @@ func (req *chatRequest) messagesContent(ps []part) (json.RawMessage, error) {
 			}
 			b = messagesBlock{Type: "text", Text: &p.Text}
 		case partToolCall:
-			if p.Custom {
-				p.Arguments = string(must(json.Marshal(map[string]string{"input": p.Arguments})))
-			}
 			b = messagesBlock{Type: "tool_use", ID: messagesToolID(p.ToolCallID), Name: p.ToolName}
-			if b.Input, _ = jsonObject([]byte(argumentsText(p.Arguments)), ""); b.Input == nil { // null too, never approximated
-				err = refuse("invalid_request", "a tool call's arguments are not a JSON object")
+			if b.Input, _ = jsonObject([]byte(argumentsText(p.Arguments)), ""); p.Custom {
+				b.Input = must(json.Marshal(map[string]string{"input": p.Arguments}))
+			} else if b.Input == nil { // null too, never approximated
+				return nil, refuse("invalid_request", "a tool call's arguments are not a JSON object")
 			}
 		case partToolResult:
 			b = messagesBlock{Type: "tool_result", ToolUseID: messagesToolID(p.ToolCallID), Content: jsonText(p.Text), IsError: p.IsError}
@@ -385,12 +377,10 @@ func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string)
 		ev.Delta = &messagesBlock{Type: "input_json_delta", PartialJSON: &d}
 	case step == stepClose && b.text: // the kept block gets its whole text, a call its whole input
 		m.Content[b.pos].Text = &d
-	case step == stepClose:
-		in, _ := jsonObject([]byte(argumentsText(d)), "")
-		if in == nil { // null too: {} would run the tool on nothing (SPEC §17)
+	case step == stepClose: // null too is refused: {} would run the tool on nothing (SPEC §17)
+		if m.Content[b.pos].Input, _ = jsonObject([]byte(argumentsText(d)), ""); m.Content[b.pos].Input == nil {
 			return refuse("provider_incomplete", "the provider's answer holds a tool call whose arguments are not a JSON object, which a tool_use input must be")
 		}
-		m.Content[b.pos].Input = in
 	case step == stepEnd: // message_delta and message_stop (a write error sticks: the second writes nothing)
 		m.StopReason = new(cmp.Or(messagesStopReasons[s.rd.finish], "end_turn"))
 		m.Usage = &messagesUsage{InputTokens: s.rd.usage.InputTokens, OutputTokens: s.rd.usage.OutputTokens}
@@ -404,14 +394,14 @@ func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string)
 
 // readMessages: message_stop ends; usage comes in message_start and message_delta, whose output count is the whole.
 func (r *streamReader) readMessages(typ string, e rawObject) (keep, end bool, err error) {
-	switch typ {
-	case "message_start":
+	switch {
+	case typ == "message_start":
 		m, ok := splitRaw(e.value("message"), '{', r.scratch[1][:])
 		if !ok {
 			return false, false, eventWithout(protoAnthropic, typ, "message")
 		}
 		r.usage, err = usageOf(r.protocol, m.value("usage")) // a stream cut later still records it
-	case "message_delta":
+	case typ == "message_delta":
 		var d messagesBlock
 		u, uerr := usageOf(r.protocol, e.value("usage"))
 		if u.Reported { // newer streams repeat the cumulative input count
@@ -419,15 +409,16 @@ func (r *streamReader) readMessages(typ string, e rawObject) (keep, end bool, er
 		}
 		err = cmp.Or(r.decode(e, "delta", &d), uerr)
 		r.finish = cmp.Or(messagesFinishes[d.StopReason], r.finish) // any other reason: a stop, at message_stop
-	case "message_stop":
+	case typ == "message_stop":
 		r.finished, r.finish = true, cmp.Or(r.finish, finishStop)
 		return true, true, nil
-	case "content_block_start", "content_block_delta", "content_block_stop":
+	case r.out == nil: // passthrough reads no block, so allocates no ev (it escapes) per event
+	case typ == "content_block_start" || typ == "content_block_delta" || typ == "content_block_stop":
 		var ev messagesEvent
-		if r.out != nil && (json.Unmarshal(e.src, &ev) != nil || typ == "content_block_start" && ev.ContentBlock == nil ||
-			typ == "content_block_delta" && ev.Delta == nil) {
+		if json.Unmarshal(e.src, &ev) != nil || typ == "content_block_start" && ev.ContentBlock == nil ||
+			typ == "content_block_delta" && ev.Delta == nil {
 			err = eventWithout(protoAnthropic, typ, "a valid index, content_block and delta")
-		} else if r.out != nil {
+		} else {
 			err = r.readBlock(typ, valueOr(ev.Index, 0), ev.ContentBlock, ev.Delta)
 		}
 	} // ping and event types added later carry nothing Brama reads
