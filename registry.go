@@ -457,7 +457,7 @@ func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(stri
 	res, st, reason := doc.destination(dest, hasDirect)
 	switch {
 	case declared && st != stateServing:
-		return resolution{}, withAlias(refuse("alias_unserviceable", "alias %q cannot serve: %s", name, reason), name, st, &dest)
+		return resolution{}, withAlias(refuse("alias_unserviceable", "alias %q cannot serve: %s", name, reason), name, st, new(dest))
 	case res.Provider.cred == credNone && res.BaseURL == "": // undeclared: local-openai needs the deployment, for its endpoint
 		return resolution{}, refuse("invalid_request", "model %q names no single deployment or adapter in the route registry", truncateUTF8(res.Route, 200))
 	case declared && res.Mode == modeDirect:
