@@ -258,6 +258,10 @@ func readTokenAnswer(endpoint string, status int, body []byte, readErr error, se
 	switch {
 	case readErr != nil:
 		return tokenAnswer{}, re
+	case definitiveErrors[ans.Error] || status == http.StatusUnauthorized || status == http.StatusForbidden:
+		re.Definitive, re.Err = true, errTokenRefused
+		re.Sentence = cmp.Or(quote(ans.Description), quote(ans.Error),
+			fmt.Sprintf("the token endpoint answered %d %s", status, http.StatusText(status)))
 	case ans.Error != "" && oauthErrorCode.MatchString(ans.Error):
 		re.Err = fmt.Errorf("%w: %s", errTokenRefused, quote(ans.Error))
 	case ans.Error != "":
@@ -266,11 +270,6 @@ func readTokenAnswer(endpoint string, status int, body []byte, readErr error, se
 		re.Err = fmt.Errorf("%w: no 2xx JSON object with an access_token free of control characters", errTokenMalformed)
 	default:
 		return ans, nil
-	}
-	if definitiveErrors[ans.Error] || status == http.StatusUnauthorized || status == http.StatusForbidden {
-		re.Definitive, re.Err = true, errTokenRefused
-		re.Sentence = cmp.Or(quote(ans.Description), quote(ans.Error),
-			fmt.Sprintf("the token endpoint answered %d %s", status, http.StatusText(status)))
 	}
 	return ans, re
 }
