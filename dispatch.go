@@ -317,18 +317,18 @@ func (e *engine) commit(ctx context.Context, j *job, c call, req *callerRequest,
 	u, ae, streamed := j.commit(ctx, c, req, resp)
 	if sub != nil && j.spends {
 		e.ledger.recordUse(sub.ID, p, ae == nil, u.InputTokens, u.OutputTokens)
-		if until := now.Add(24 * time.Hour); ae == nil { // only a success pins (SPEC §7.2.4), until a window resets, ≤ 24 h
-			for _, w := range e.ledger.entry(sub.ID).Windows { // this answer's, a usage report's
-				if at := time.UnixMilli(w.ResetsAtMs); at.After(now) && at.Before(until) {
-					until = at
-				}
-			}
-			e.pins.Store(e.agent+"\x00"+p, pin{sub.ID, until})
-		}
 	}
-	var se *upstreamStreamError
-	if sub != nil && ae != nil && errors.As(ae, &se) && blockedAs[se.Class] != "" {
-		e.ledger.block(sub.ID, p, retryAfter(resp.Header, now), "the provider ended a committed answer with "+se.Code)
+	if until := now.Add(24 * time.Hour); sub != nil && ae == nil && j.spends { // only a success pins (SPEC §7.2.4), ≤ 24 h
+		for _, w := range e.ledger.entry(sub.ID).Windows { // until a window resets: this answer's, a usage report's
+			if at := time.UnixMilli(w.ResetsAtMs); at.After(now) && at.Before(until) {
+				until = at
+			}
+		}
+		e.pins.Store(e.agent+"\x00"+p, pin{sub.ID, until})
+	} else if sub != nil && ae != nil { // AsType: errors.As's target would cost every commit an allocation
+		if se, ok := errors.AsType[*upstreamStreamError](ae); ok && blockedAs[se.Class] != "" {
+			e.ledger.block(sub.ID, p, retryAfter(resp.Header, now), "the provider ended a committed answer with "+se.Code)
+		}
 	}
 	if ae = e.settle(ctx, j, c, start, u, ae); ae != nil && streamed {
 		panic(http.ErrAbortHandler)
