@@ -472,10 +472,9 @@ func (s *sseReader) next() (raw []byte, event string, data []byte, err error) {
 		}
 		field, value, _ := bytes.Cut(content, []byte(":"))
 		value = bytes.TrimPrefix(value, []byte(" "))
-		switch string(field) {
-		case "event":
+		if string(field) == "event" {
 			event = string(value)
-		case "data": // each line ends in "\n", the last cut off; non-nil even for an empty line
+		} else if string(field) == "data" { // each line ends in "\n", the last cut off; non-nil even for an empty line
 			s.data = append(append(s.data, value...), '\n')
 			data = s.data[:len(s.data)-1]
 		} // "id", "retry" and unknown fields carry nothing Brama uses
