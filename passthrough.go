@@ -180,14 +180,12 @@ func readCallerRequest(dialect string, r *http.Request, body []byte) (*callerReq
 		return nil, refuse("invalid_request", "stream must be a boolean")
 	}
 	for _, name := range valueOr(formatOf(dialect), wireFormat{}).limits { // embeddings: no format, no limit
-		if v := o.value(name); !rawIsNull(v) {
-			var n int
-			if json.Unmarshal(v, &n) != nil || n < 1 {
-				return nil, refuse("invalid_request", "%s must be an integer of at least 1", name)
-			}
-			if cr.head.LimitName == "" { // the first name present wins
-				cr.head.MaxTokens, cr.head.LimitName = n, name
-			}
+		v := o.value(name)
+		n, err := strconv.Atoi(string(v)) // a valid JSON value: only an integer parses, as json.Unmarshal reads one
+		if !rawIsNull(v) && (err != nil || n < 1) {
+			return nil, refuse("invalid_request", "%s must be an integer of at least 1", name)
+		} else if n > 0 && cr.head.LimitName == "" { // the first name present wins
+			cr.head.MaxTokens, cr.head.LimitName = n, name
 		}
 	}
 	so, _ := splitRaw(o.value("stream_options"), '{', nil)
@@ -203,11 +201,10 @@ func (cr *callerRequest) translates(p providerInfo) bool {
 func buildChatRequest(ctx context.Context, c call, cr *callerRequest) (*http.Request, error) {
 	p := c.res.Provider
 	if cr.translates(p) {
-		req := *cr.neutral
-		req.MaxTokens = cr.head.MaxTokens      // the model's own when the caller gave none (SPEC §6.4)
-		req.Dropped = slices.Clip(req.Dropped) // an encoder's drops are its call's own
-		cr.sent = &req
-		return buildUpstreamRequest(ctx, c, &req)
+		cr.sent = new(*cr.neutral)
+		cr.sent.MaxTokens = cr.head.MaxTokens          // the model's own when the caller gave none (SPEC §6.4)
+		cr.sent.Dropped = slices.Clip(cr.sent.Dropped) // an encoder's drops are its call's own
+		return buildUpstreamRequest(ctx, c, cr.sent)
 	}
 	var edits []memberEdit
 	if cr.head.MaxTokens > 0 && cr.head.LimitName == "" && !p.codex {
