@@ -240,8 +240,7 @@ func (s *callerStream) finish(failure *apiError) (err error) {
 	if err == nil {
 		err = s.openBlock(nil)
 	}
-	if err == nil {
-		s.done = true
+	if s.done = err == nil; s.done {
 		err = s.frames(s, stepEnd, nil, "")
 	}
 	return err
