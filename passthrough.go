@@ -51,9 +51,7 @@ func splitRaw(src []byte, open byte, scratch []jsonMember) (rawObject, bool) {
 		if i = skipJSONSpace(src, i); src[i] == '}' || src[i] == ']' {
 			return o, true
 		}
-		if src[i] == ',' {
-			i = skipJSONSpace(src, i+1)
-		}
+		i = skipJSONSpace(src, i+boolCount(src[i] == ',')) // past the separating comma, if any
 		m.val = i
 		if open == '{' {
 			k := skipJSONValue(src, i)
