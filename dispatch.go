@@ -78,10 +78,9 @@ func (e *engine) plan(cl client, req *chatRequest) (call, error) {
 		key, vaultErr = e.directKey(p)
 		return key != "" || vaultErr != nil
 	})
-	if err != nil {
-		return call{}, err
-	}
 	switch pool := res.Mode != modeDirect && res.Mode != modeAlias; {
+	case err != nil: // resolveModel's refusal, its resolution zero: no key beside it
+		key = ""
 	case pool && e.agent == "":
 		err = refuse("forbidden", "this route is paid by an agent's subscriptions; use a bearer bound to an agent: brama clients add ID -agent AGENT")
 	case pool || res.Provider.cred != credDirect: // a pool, or a deployment without a key, pays
