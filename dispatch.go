@@ -90,7 +90,7 @@ func (e *engine) plan(cl client, req *chatRequest) (call, error) {
 	case key == "":
 		err = refuse("credential_unauthorized", "no direct credential for provider %q", res.Provider.id).withAttempts(0)
 	case controlAt(key) >= 0: // a vault edited by hand: net/http would refuse the header before sending, no call
-		err = refuse("credential_unauthorized", "the direct key for %q holds a control character", res.Provider.id).withAttempts(0)
+		key, err = "", refuse("credential_unauthorized", "the direct key for %q holds a control character", res.Provider.id).withAttempts(0)
 	}
 	return call{res: res, cred: upstreamCredential{APIKey: key}}, err
 }
