@@ -78,10 +78,9 @@ func (e *engine) plan(cl client, req *chatRequest) (call, error) {
 		key, vaultErr = e.directKey(p)
 		return key != "" || vaultErr != nil
 	})
-	if err != nil {
-		return call{}, err
-	}
 	switch pool := res.Mode != modeDirect && res.Mode != modeAlias; {
+	case err != nil: // resolveModel's refusal, its resolution zero: no key beside it
+		key = ""
 	case pool && e.agent == "":
 		err = refuse("forbidden", "this route is paid by an agent's subscriptions; use a bearer bound to an agent: brama clients add ID -agent AGENT")
 	case pool || res.Provider.cred != credDirect: // a pool, or a deployment without a key, pays
@@ -91,7 +90,7 @@ func (e *engine) plan(cl client, req *chatRequest) (call, error) {
 	case key == "":
 		err = refuse("credential_unauthorized", "no direct credential for provider %q", res.Provider.id).withAttempts(0)
 	case controlAt(key) >= 0: // a vault edited by hand: net/http would refuse the header before sending, no call
-		err = refuse("credential_unauthorized", "the direct key for %q holds a control character", res.Provider.id).withAttempts(0)
+		key, err = "", refuse("credential_unauthorized", "the direct key for %q holds a control character", res.Provider.id).withAttempts(0)
 	}
 	return call{res: res, cred: upstreamCredential{APIKey: key}}, err
 }
