@@ -383,11 +383,10 @@ func (inv *inventory) pruneOrphans() ([]string, error) {
 	err := inv.write(func() (err error) {
 		if orphans, err = inv.orphans(); err != nil || len(orphans) == 0 {
 			return err
-		}
-		err = inv.overlayLost(len(orphans)) // the overlay lost, every credential is an orphan
-		if shared := filepath.Dir(inv.vault.path) != filepath.Dir(inv.overlay.path); err != nil || shared {
-			return cmp.Or[error](err, refuse("state_conflict",
-				"BRAMA_VAULT_FILE lies outside the state directory, maybe shared: nothing removed"))
+		} else if err = inv.overlayLost(len(orphans)); err != nil { // the overlay lost, every credential is an orphan
+			return err
+		} else if filepath.Dir(inv.vault.path) != filepath.Dir(inv.overlay.path) {
+			return refuse("state_conflict", "BRAMA_VAULT_FILE lies outside the state directory, maybe shared: nothing removed")
 		}
 		return unusable(inv.vault.update(func(d *vaultDoc) error {
 			for _, id := range orphans {
