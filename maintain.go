@@ -151,19 +151,18 @@ func (m *maintainer) arm(due, now time.Time) {
 		m.timer.Stop()
 	}
 	m.timer, m.timerAt = nil, due
-	if due.IsZero() {
-		return
+	if !due.IsZero() {
+		var t ledgerStopper
+		t = m.afterFunc(due.Sub(now), func() {
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			if m.timer == t { // fired: the loop's next turn runs a pass
+				m.timerAt = time.Time{}
+				nudge(m.o.ledger.changed)
+			}
+		})
+		m.timer = t
 	}
-	var t ledgerStopper
-	t = m.afterFunc(due.Sub(now), func() {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		if m.timer == t { // fired: the loop's next turn runs a pass
-			m.timerAt = time.Time{}
-			nudge(m.o.ledger.changed)
-		}
-	})
-	m.timer = t
 }
 
 // request asks for a pass over agent's subscriptions after its refusal for want of a signed-in subscription, dropped when one

@@ -353,14 +353,12 @@ func jsonScalar(raw json.RawMessage) (string, bool) {
 
 // retryAfter is the wait stated by retry-after-ms, retry-after, else the latest reset among limits the headers show as spent
 // (claude-code's rejected plan windows too; a used-up window the ledger recorded blocks without it); 0 if none is.
-func retryAfter(h http.Header, now time.Time) time.Duration {
+func retryAfter(h http.Header, now time.Time) (d time.Duration) {
 	if ms := numberOf(h.Get("Retry-After-Ms")).v; ms > 0 {
 		return time.Duration(min(ms, maxRetryAfter.Seconds()*1000) * float64(time.Millisecond))
+	} else if d = statedWait(h, "Retry-After", now); d > 0 {
+		return d // a wait already over states none (0): the reset headers below may
 	}
-	if d := statedWait(h, "Retry-After", now); d > 0 {
-		return d // a wait already over states none: the reset headers below may
-	}
-	var d time.Duration
 	// OpenAI's limits, Anthropic's, and claude-code's unified windows, which state a status, not what remains (SPEC §6.3).
 	for _, k := range []string{"X-Ratelimit-%s-requests", "X-Ratelimit-%s-tokens", "Anthropic-Ratelimit-requests-%s",
 		"Anthropic-Ratelimit-tokens-%s", "Anthropic-Ratelimit-input-tokens-%s", "Anthropic-Ratelimit-output-tokens-%s",
