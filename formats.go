@@ -275,12 +275,9 @@ func readList[T any](raw json.RawMessage, what string, add func(T, json.RawMessa
 // neutral ones and the members each carries (the rest named), or into none and the type to name (else its member).
 func callerParts[T any](req *chatRequest, raw json.RawMessage, what, kind string,
 	read func(T, json.RawMessage, string) (p part, members string, err error)) (parts []part, err error) {
-	switch rawShape(raw) {
-	case '"':
-		var s string
-		err = decodeCallerJSON(raw, &s, what)
-		return []part{{Type: partText, Text: s}}, err
-	case '[':
+	if s, ok := jsonString(raw); ok { // raw is valid: a member of a decoded body
+		return []part{{Type: partText, Text: s}}, nil
+	} else if rawShape(raw) == '[' {
 		err = readList(raw, what, func(it T, raw json.RawMessage, path string) error {
 			p, members, err := read(it, raw, path)
 			if err == nil && p.Type == "" {
