@@ -325,7 +325,7 @@ func (s *server) caller(w http.ResponseWriter, r *http.Request, h handler) error
 	} else if r.ContentLength <= limit {
 		body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	}
-	if r.ContentLength > limit || errors.As(err, new(*http.MaxBytesError)) {
+	if _, tooBig := errors.AsType[*http.MaxBytesError](err); r.ContentLength > limit || tooBig {
 		return refuse("invalid_request", "the request body is larger than BRAMA_MAX_REQUEST_BYTES (%d bytes)", limit).withStatus(413)
 	} else if err != nil {
 		return refuse("invalid_request", "the request body could not be read").because(err)
