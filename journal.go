@@ -163,8 +163,8 @@ func (j *journal) size() (int64, error) {
 	return max(id.size, 0), cmp.Or(err, broken) // an absent file's identity has size -1
 }
 
-// folded folds the lines completed since the last call, logging each bad one, and returns a copy: retire is true for the retired
-// subscription ids, where the later of retire and reinstate in file order decides (SPEC §9).
+// folded folds the lines completed since the last call, logging each bad one, and returns a copy: retire is true for
+// the retired subscription ids, where the later of retire and reinstate in file order decides (SPEC §9).
 func (j *journal) folded() (journalFold, error) {
 	j.readMu.Lock()
 	defer j.readMu.Unlock()
@@ -194,8 +194,7 @@ func checkJournal(j *journal, stdout io.Writer) (ok bool, err error) {
 	return fo.badN == 0 && err == nil, err
 }
 
-// scan folds into fo and visits, parsed, each complete line after fo; from the start when fo is of another file, a
-// longer one or none.
+// scan folds into fo, visiting each complete line past fo, parsed; anew if fo is of another file, a longer one or none.
 func (j *journal) scan(fo *journalFold, visit func(journalRecord, string)) (torn bool, err error) {
 	if j.name == "" {
 		return false, j.broken
@@ -470,8 +469,7 @@ type envelope struct {
 	Error apiError `json:"error"`
 }
 
-// asAPIError classifies an error: nil as nil, an apiError as itself, no state directory as dependency_unavailable, else
-// internal_error.
+// asAPIError maps nil and an apiError to themselves, no state directory to dependency_unavailable, else internal_error.
 func asAPIError(err error) *apiError {
 	if ae, ok := errors.AsType[*apiError](err); err == nil || ok {
 		return ae
