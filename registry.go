@@ -90,12 +90,11 @@ func clipName(s string) string                   { return truncateUTF8(s, 128) }
 // decode takes it for absent. Every refusal is safe to show an operator.
 func readRegistry(b []byte, dropped *[]string) (*routesDoc, error) {
 	var top map[string]json.RawMessage
-	switch blank := strings.Trim(string(b), " \t\r\n") == ""; { // JSON's whitespace, not Unicode's
-	case len(b) > maxRegistryBytes: // SPEC §4.1
-		return nil, fmt.Errorf("registry is %d bytes; the limit is 1 MiB (%d bytes)", len(b), maxRegistryBytes)
-	case blank && dropped == nil:
+	if blank := strings.Trim(string(b), " \t\r\n") == ""; len(b) > maxRegistryBytes { // JSON's whitespace, not Unicode's
+		return nil, fmt.Errorf("registry is %d bytes; the limit is 1 MiB (%d bytes)", len(b), maxRegistryBytes) // SPEC §4.1
+	} else if blank && dropped == nil {
 		return emptyRoutesDoc(), nil
-	case blank:
+	} else if blank {
 		return nil, errors.New("registry is empty; there is no document to migrate")
 	}
 	if err := decodeStrict("registry", b, &top); err != nil {
@@ -314,14 +313,13 @@ func (r *registry) commit(change func(doc *routesDoc) (*journalRecord, error)) (
 		}
 		rec, err := change(doc)
 		staged, journalErr := encodeRegistry(doc), r.j.ready()
-		switch invalid := doc.validate(); {
-		case err != nil:
+		if invalid := doc.validate(); err != nil {
 			return err
-		case rec != nil && journalErr != nil:
+		} else if rec != nil && journalErr != nil {
 			return refuse("dependency_unavailable", "route registry not changed: the journal cannot record it: %v", journalErr).because(journalErr)
-		case len(staged) > maxRegistryBytes:
+		} else if len(staged) > maxRegistryBytes {
 			return refuse("state_conflict", "the route registry would be %d bytes, over the 1 MiB limit", len(staged))
-		case invalid != nil:
+		} else if invalid != nil {
 			return refuse("invalid_request", "route registry not changed: %v", invalid).because(invalid)
 		}
 		if err := writeFileAtomic(r.path, staged); err != nil || rec == nil {
@@ -412,18 +410,17 @@ func (doc *routesDoc) destination(dest string, hasDirect func(provider string) b
 	}
 	p, known := lookupProvider(provider)
 	res = resolution{Mode: modeDirect, Route: provider + "/" + model, Provider: p, Model: model}
-	switch d, upstream, n := doc.lookupLocal(model); {
-	case !known:
+	if d, upstream, n := doc.lookupLocal(model); !known {
 		return res, stateCapabilityAbsent, fmt.Sprintf("Provider %q is not one Brama knows.", provider)
-	case p.cred == credNone && n != 1:
+	} else if p.cred == credNone && n != 1 {
 		return res, stateCapabilityAbsent, fmt.Sprintf("No single deployment or adapter named %q is declared.", model)
-	case p.cred == credNone:
+	} else if p.cred == credNone {
 		res.Model, res.BaseURL = upstream, d.baseURL()
 		return res, stateServing, fmt.Sprintf("Served by local deployment %q at %s.", d.Name, res.BaseURL)
-	case p.cred == credSubscription:
+	} else if p.cred == credSubscription {
 		res.Mode = modeSubscription
 		return res, stateServing, fmt.Sprintf("Paid by the calling agent's %s subscriptions.", p.id)
-	case hasDirect != nil && hasDirect(p.id):
+	} else if hasDirect != nil && hasDirect(p.id) {
 		return res, stateServing, fmt.Sprintf("Paid by the deployment's direct %s credential.", p.id)
 	}
 	return res, stateCapabilityAbsent, fmt.Sprintf("No direct %s credential is configured.", p.id)
