@@ -26,26 +26,24 @@ const ( // SPEC §16
 	defaultCatalogTTL = 900 * time.Second
 )
 
-// modelInfo is what Brama keeps of a catalogue model (0 and nil: unknown); callers must not modify its slices.
-type modelInfo struct {
-	ID          string            `json:"id"`
-	ReleaseDate string            `json:"release_date,omitempty"` // "YYYY-MM-DD" or "YYYY-MM"; "" unknown
-	Limit       catalogLimit      `json:"limit"`
-	Modalities  catalogModalities `json:"modalities"`
-}
-
-// catalogLimit and catalogModalities keep api.json's member names, so the cache is in its shape.
-type catalogLimit struct {
-	Context float64 `json:"context"`
-	Output  float64 `json:"output"`
-}
-type catalogModalities struct {
-	Input  []string `json:"input"`
-	Output []string `json:"output"`
-}
-
-// catalogData is api.json's shape (vendor → "models" → id → model) in memory, so the cache is its one json.Marshal.
 type (
+	// modelInfo is what Brama keeps of a catalogue model (0 and nil: unknown); callers must not modify its slices.
+	modelInfo struct {
+		ID          string            `json:"id"`
+		ReleaseDate string            `json:"release_date,omitempty"` // "YYYY-MM-DD" or "YYYY-MM"; "" unknown
+		Limit       catalogLimit      `json:"limit"`
+		Modalities  catalogModalities `json:"modalities"`
+	}
+	// catalogLimit and catalogModalities keep api.json's member names, so the cache is in its shape.
+	catalogLimit struct {
+		Context float64 `json:"context"`
+		Output  float64 `json:"output"`
+	}
+	catalogModalities struct {
+		Input  []string `json:"input"`
+		Output []string `json:"output"`
+	}
+	// catalogData is api.json's shape (vendor → "models" → id → model) in memory, so the cache is its one json.Marshal.
 	catalogData   = map[string]catalogVendor
 	catalogVendor struct {
 		Models map[string]modelInfo `json:"models"`
