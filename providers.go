@@ -128,12 +128,11 @@ func checkBaseURL(raw string) error {
 	u, err := url.Parse(raw)
 	if err != nil || u.Host == "" { // an opaque URL has none
 		return errors.New("not a URL with a host")
+	} else if u.User != nil || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+		return errors.New("user info, a query or a fragment is not allowed")
 	}
 	ip, _ := netip.ParseAddr(u.Hostname()) // no name is resolved: only localhost counts
-	switch {
-	case u.User != nil || u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
-		return errors.New("user info, a query or a fragment is not allowed")
-	case u.Scheme == "https" || u.Scheme == "http" && (ip.Unmap().IsLoopback() || strings.EqualFold(u.Hostname(), "localhost")):
+	if u.Scheme == "https" || u.Scheme == "http" && (ip.Unmap().IsLoopback() || strings.EqualFold(u.Hostname(), "localhost")) {
 		return nil
 	}
 	return errors.New("scheme must be https, or http to a loopback host")
@@ -185,12 +184,11 @@ func claudeCodeSystem(raw json.RawMessage) ([]byte, error) {
 		raw = json.RawMessage("[]")
 	}
 	var own []struct{ Type, Text string }
-	switch {
-	case json.Unmarshal(raw, &own) != nil:
+	if json.Unmarshal(raw, &own) != nil {
 		return nil, refuse("invalid_request", "system must be a string or an array of content blocks")
-	case len(own) == 0: // [] or null
+	} else if len(own) == 0 { // [] or null
 		return []byte("[" + block(claudeCodeIdentity) + "]"), nil
-	case own[0].Type == "text" && own[0].Text == claudeCodeIdentity:
+	} else if own[0].Type == "text" && own[0].Text == claudeCodeIdentity {
 		return nil, nil
 	}
 	return append([]byte("["+block(claudeCodeIdentity)+","), bytes.TrimSpace(raw)[1:]...), nil
