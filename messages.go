@@ -108,6 +108,10 @@ var (
 		"tool_use": "type id name input", "tool_result": "type tool_use_id content is_error"}
 	messagesSteps = [...]string{stepBegin: "message_start", stepOpen: "content_block_start", stepDelta: "content_block_delta",
 		stepClose: "content_block_stop", stepEnd: "message_delta", stepFail: "error"}
+	notToolID = regexp.MustCompile(`[^a-zA-Z0-9_-]`) // what messagesToolID replaces
+	// adaptiveModels: a Claude 4.6 or later model (claude-opus-4-7, claude-opus-5, claude-haiku-5-1) takes thinking as adaptive with
+	// output_config.effort and refuses a budget (Claude Code 2.1.332 decides so too); an earlier, dated (claude-opus-4-20250514) or unknown model takes a budget.
+	adaptiveModels = regexp.MustCompile(`^claude-(?:opus|sonnet|haiku)-(?:0?[5-9]|[1-9]\d|0?4-(?:0?[6-9]|[1-9]\d))(?:-|$)`)
 )
 
 // parseMessages reads a caller's Messages body; every step runs and the first refusal wins.
@@ -323,12 +327,6 @@ func encodeMessages(req *chatRequest, c call, h http.Header) ([]byte, error) {
 
 // messagesToolID is a call id as Anthropic takes it (^[a-zA-Z0-9_-]+$): kimi's "functions.f:0" as "functions_f_0".
 func messagesToolID(id string) string { return notToolID.ReplaceAllString(id, "_") }
-
-var notToolID = regexp.MustCompile(`[^a-zA-Z0-9_-]`)
-
-// adaptiveModels: a Claude 4.6 or later model (claude-opus-4-7, claude-opus-5, claude-haiku-5-1) takes thinking as adaptive with
-// output_config.effort and refuses a budget (Claude Code 2.1.332 decides so too); an earlier, dated (claude-opus-4-20250514) or unknown model takes a budget.
-var adaptiveModels = regexp.MustCompile(`^claude-(?:opus|sonnet|haiku)-(?:0?[5-9]|[1-9]\d|0?4-(?:0?[6-9]|[1-9]\d))(?:-|$)`)
 
 // decodeMessages gives a whole message to rd's caller stream block by block, as its stream would.
 func decodeMessages(body []byte, rd *streamReader) error {

@@ -92,6 +92,7 @@ var (
 	responsesEvents    = map[string][2]string{"message": {"response.output_text.delta", "response.output_text.done"},
 		"function_call":    {"response.function_call_arguments.delta", "response.function_call_arguments.done"},
 		"custom_tool_call": {"response.custom_tool_call_input.delta", "response.custom_tool_call_input.done"}}
+	onePart = 0 // a message item's one content_index, shared by every event (never written)
 )
 
 // parseResponses reads a caller's Responses body; every step runs and the first refusal wins.
@@ -313,8 +314,6 @@ func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string
 	s.resp.Status, s.resp.Error = "failed", map[string]string{"code": s.failure.Code, "message": s.failure.Message} // stepFail
 	return s.emit(nil, responsesEvent{Type: "response.failed", Response: &s.resp})
 }
-
-var onePart = 0 // a message item's one content_index, shared by every event (never written)
 
 // emit writes Responses events numbered in order, those of block b's output item at its index: within the item (but
 // the item's own events) naming it, a message's at its one content part; a call has no part, so no part events.
