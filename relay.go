@@ -32,7 +32,13 @@ type usage struct {
 	Reported                  bool // the provider sent usage at all
 }
 
-func newAnswerID(prefix string) string { return prefix + rand.Text() }
+// newAnswerID is id, else a fresh one: prefix and a random text, drawn only then (crypto/rand allocates).
+func newAnswerID(prefix, id string) string {
+	if id == "" {
+		id = prefix + rand.Text()
+	}
+	return id
+}
 
 // writeAnswer writes a 200 answer with its attempts (a buffered body, or a stream's head) and what SPEC §17 lets it
 // tell of the provider's: its request id (X-Request-Id is Brama's own) and, same-format, its rate-limit headers; no
