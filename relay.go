@@ -67,15 +67,12 @@ func readWhole(p providerInfo, resp *http.Response) ([]byte, error) {
 	return body, nil
 }
 
-// keepAliveEvery is how long a stream may be silent before Brama writes an SSE comment (SPEC §7.5). It writes; it never cuts.
-const keepAliveEvery = 15 * time.Second
+var testingOnlyKeepAlive time.Duration // tests shorten the keep-alive's 15 s
 
-var testingOnlyKeepAlive time.Duration // tests shorten keepAliveEvery
-
-// openStreamAnswer commits the 200 (writeAnswer's head) and starts the keep-alive, a comment after every silence of
-// keepAliveEvery (SPEC §7.5); model is what the dialect's events report, req's tools name translated calls.
+// openStreamAnswer commits the 200 (writeAnswer's head) and starts the keep-alive (SPEC §7.5): an SSE comment after
+// each 15 s of silence, never a cut. model is what the dialect's events report, req's tools name translated calls.
 func openStreamAnswer(w http.ResponseWriter, provider http.Header, same bool, dialect string, req chatRequest, model string, attempts int) *callerStream {
-	every := cmp.Or(testingOnlyKeepAlive, keepAliveEvery)
+	every := cmp.Or(testingOnlyKeepAlive, 15*time.Second)
 	w.Header().Set("X-Accel-Buffering", "no")
 	writeAnswer(w, provider, same, "text/event-stream", attempts, nil)
 	rc := http.NewResponseController(w)
