@@ -404,8 +404,7 @@ func eventWithout(protocol, typ, what string) *apiError {
 	return malformedAnswer(protocol, errors.New(typ+" without "+what))
 }
 
-// streamCut is the failure of a stream cut before its terminal signal: the provider may have
-// generated and billed (SPEC §7.5, §8.2).
+// streamCut fails a stream cut before its terminal signal: the provider may have generated and billed (§7.5, §8.2).
 func streamCut(err error) *apiError {
 	if errors.Is(err, io.EOF) {
 		return refuse("provider_incomplete", "the provider stream ended before its terminal signal")
