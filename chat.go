@@ -334,10 +334,10 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 	var delta chatMessage
 	switch {
 	case step == stepBegin:
-		s.id, s.created = newAnswerID("chatcmpl-"), time.Now().Unix()
+		s.id, s.created = newAnswerID("chatcmpl-", ""), time.Now().Unix()
 		delta = chatMessage{Role: "assistant", Content: jsonText("")}
 	case step == stepOpen && !b.text: // its id, type and name, a function's arguments empty
-		delta.ToolCalls = []chatToolCall{chatCall(&b.index, cmp.Or(b.id, newAnswerID("call_")), b.name, "", b.custom)}
+		delta.ToolCalls = []chatToolCall{chatCall(&b.index, newAnswerID("call_", b.id), b.name, "", b.custom)}
 	case step == stepDelta && b.text:
 		delta.Content = jsonText(d)
 	case step == stepDelta: // the piece alone at its index
@@ -354,7 +354,7 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 				if b.text {
 					text += b.buf.String()
 				} else {
-					m.ToolCalls = append(m.ToolCalls, chatCall(nil, cmp.Or(b.id, newAnswerID("call_")), b.name, b.buf.String(), b.custom))
+					m.ToolCalls = append(m.ToolCalls, chatCall(nil, newAnswerID("call_", b.id), b.name, b.buf.String(), b.custom))
 				}
 			}
 			if m.Content = jsonText(text); text == "" && len(m.ToolCalls) > 0 {

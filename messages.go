@@ -359,13 +359,13 @@ func (s *callerStream) messagesFrames(step streamStep, b *streamBlock, d string)
 	m, _ := s.whole.(*messagesAnswer) // nil before stepBegin
 	switch {
 	case step == stepBegin: // input tokens go out as 0 (providers report usage at the end) and for real in message_delta, which the SDKs take over
-		m = &messagesAnswer{ID: newAnswerID("msg_"), Type: "message", Role: "assistant", Model: s.model,
+		m = &messagesAnswer{ID: newAnswerID("msg_", ""), Type: "message", Role: "assistant", Model: s.model,
 			Content: []messagesBlock{}, Usage: &messagesUsage{}} // usage even unreported: the SDKs require it
 		ev.Message, s.whole = m, m
 	case step == stepOpen:
 		cb := messagesBlock{Type: "text", Text: new("")}
 		if !b.text {
-			cb = messagesBlock{Type: "tool_use", ID: cmp.Or(b.id, newAnswerID("toolu_")), Name: b.name, Input: json.RawMessage(`{}`)}
+			cb = messagesBlock{Type: "tool_use", ID: newAnswerID("toolu_", b.id), Name: b.name, Input: json.RawMessage(`{}`)}
 		}
 		m.Content = append(m.Content, cb)
 		ev.ContentBlock = &cb

@@ -32,7 +32,13 @@ type usage struct {
 	Reported                  bool // the provider sent usage at all
 }
 
-func newAnswerID(prefix string) string { return prefix + rand.Text() }
+// newAnswerID is id, else a fresh one: prefix and a random text, drawn only then (crypto/rand allocates).
+func newAnswerID(prefix, id string) string {
+	if id == "" {
+		id = prefix + rand.Text()
+	}
+	return id
+}
 
 // writeAnswer writes a 200 answer with its attempts (a buffered body, or a stream's head) and what SPEC §17 lets it
 // tell of the provider's: its request id (X-Request-Id is Brama's own) and, same-format, its rate-limit headers; no
@@ -61,15 +67,12 @@ func readWhole(p providerInfo, resp *http.Response) ([]byte, error) {
 	return body, nil
 }
 
-// keepAliveEvery is how long a stream may be silent before Brama writes an SSE comment (SPEC §7.5). It writes; it never cuts.
-const keepAliveEvery = 15 * time.Second
+var testingOnlyKeepAlive time.Duration // tests shorten the keep-alive's 15 s
 
-var testingOnlyKeepAlive time.Duration // tests shorten keepAliveEvery
-
-// openStreamAnswer commits the 200 (writeAnswer's head) and starts the keep-alive, a comment after every silence of
-// keepAliveEvery (SPEC §7.5); model is what the dialect's events report, req's tools name translated calls.
+// openStreamAnswer commits the 200 (writeAnswer's head) and starts the keep-alive (SPEC §7.5): an SSE comment after
+// each 15 s of silence, never a cut. model is what the dialect's events report, req's tools name translated calls.
 func openStreamAnswer(w http.ResponseWriter, provider http.Header, same bool, dialect string, req chatRequest, model string, attempts int) *callerStream {
-	every := cmp.Or(testingOnlyKeepAlive, keepAliveEvery)
+	every := cmp.Or(testingOnlyKeepAlive, 15*time.Second)
 	w.Header().Set("X-Accel-Buffering", "no")
 	writeAnswer(w, provider, same, "text/event-stream", attempts, nil)
 	rc := http.NewResponseController(w)
@@ -401,8 +404,7 @@ func eventWithout(protocol, typ, what string) *apiError {
 	return malformedAnswer(protocol, errors.New(typ+" without "+what))
 }
 
-// streamCut is the failure of a stream cut before its terminal signal: the provider may have
-// generated and billed (SPEC §7.5, §8.2).
+// streamCut fails a stream cut before its terminal signal: the provider may have generated and billed (§7.5, §8.2).
 func streamCut(err error) *apiError {
 	if errors.Is(err, io.EOF) {
 		return refuse("provider_incomplete", "the provider stream ended before its terminal signal")

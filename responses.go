@@ -273,17 +273,17 @@ func responsesContent(ps []part, assistant bool) []responsesPart {
 func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string) error {
 	switch step {
 	case stepBegin:
-		s.resp = responsesObject{ID: newAnswerID("resp_"), Object: "response", CreatedAt: time.Now().Unix(), Model: s.model,
-			Status: "in_progress", Output: []*responsesItem{}}
+		s.resp = responsesObject{ID: newAnswerID("resp_", ""), Object: "response", CreatedAt: time.Now().Unix(),
+			Model: s.model, Status: "in_progress", Output: []*responsesItem{}}
 		s.whole = &s.resp
 		return s.emit(nil, responsesEvent{Type: "response.created", Response: &s.resp})
 	case stepOpen:
 		it := &responsesItem{Type: "message", ID: "msg_", Role: "assistant", Content: json.RawMessage("[]")} // ID: its prefix
 		if !b.text {
-			it = &responsesItem{Type: responsesCallTypes[b.custom], ID: "fc_", CallID: cmp.Or(b.id, newAnswerID("call_")), Namespace: b.namespace, Name: b.name}
+			it = &responsesItem{Type: responsesCallTypes[b.custom], ID: "fc_", CallID: newAnswerID("call_", b.id), Namespace: b.namespace, Name: b.name}
 			it.fill("")
 		}
-		it.ID, it.Status, s.resp.Output = newAnswerID(it.ID), "in_progress", append(s.resp.Output, it)
+		it.ID, it.Status, s.resp.Output = newAnswerID(it.ID, ""), "in_progress", append(s.resp.Output, it)
 		return s.emit(b, responsesEvent{Type: "response.output_item.added", Item: it},
 			responsesEvent{Type: "response.content_part.added", Part: new(outputText(""))})
 	case stepDelta: // an item already done (a provider interleaving calls) gets its final input updated
