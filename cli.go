@@ -271,8 +271,13 @@ func commands() []command {
 				b, err := e.call("POST", "/v1/admin/maintain", nil, &rep)
 				if err == nil && o.b("json") {
 					_, err = e.stdout.Write(b)
-				} else if err == nil {
-					err = maintainReport.Execute(e.stdout, rep)
+				} else if err == nil { // the pass's verdict, usage reads and refreshes (SPEC §11.2)
+					err = template.Must(template.New("maintain").Parse(`maintenance pass: {{if .OK}}ok{{else}}not ok{{end}}
+usage reports: {{.Usage.Subscriptions}} subscription(s), {{.Usage.Read}} read, {{len .Usage.Failed}} failed
+{{range .Usage.Failed}}  failed {{.SubscriptionID}} ({{.Provider}}): {{.Error}}
+{{end}}credentials: {{.Credentials.Subscriptions}} subscription(s), {{.Credentials.Refreshed}} refreshed, {{.Credentials.Refused}} refused or failed
+next due: {{with .NextDueAt}}{{.}}{{else}}nothing due{{end}}
+`)).Execute(e.stdout, rep)
 				}
 				if err == nil && !rep.OK {
 					err = errRefused
@@ -471,14 +476,6 @@ func (e *cliEnv) donate(agent, query string, body donation) error {
 	fmt.Fprintf(e.stderr, "brama: donated %s subscription %s to agent %s\n", ans.Subscription.Provider, ans.Subscription.ID, agent)
 	return e.say(nil, "%s\n", ans.Subscription.ID)
 }
-
-// maintainReport is maintain's text: the pass's verdict, usage reads and refreshes (SPEC §11.2).
-var maintainReport = template.Must(template.New("maintain").Parse(`maintenance pass: {{if .OK}}ok{{else}}not ok{{end}}
-usage reports: {{.Usage.Subscriptions}} subscription(s), {{.Usage.Read}} read, {{len .Usage.Failed}} failed
-{{range .Usage.Failed}}  failed {{.SubscriptionID}} ({{.Provider}}): {{.Error}}
-{{end}}credentials: {{.Credentials.Subscriptions}} subscription(s), {{.Credentials.Refreshed}} refreshed, {{.Credentials.Refused}} refused or failed
-next due: {{with .NextDueAt}}{{.}}{{else}}nothing due{{end}}
-`))
 
 // errImportFile marks a credential file import cannot use.
 var errImportFile = errors.New("not a usable credential file")

@@ -65,9 +65,9 @@ var errRefused = errors.New("refused")
 
 // exitCode prints err and maps it to SPEC §16.1's exit codes.
 func exitCode(err error, stderr io.Writer) int {
-	if ue := (*usageError)(nil); err == nil {
+	if err == nil {
 		return 0
-	} else if errors.As(err, &ue) {
+	} else if ue, ok := errors.AsType[*usageError](err); ok {
 		fmt.Fprintln(stderr, ue)
 		return 2
 	} else if !errors.Is(err, errRefused) {

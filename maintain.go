@@ -33,20 +33,19 @@ type maintainer struct {
 	timerAt          time.Time              // the moment it is armed for; zero when none or it fired
 }
 
-// passReport is the body of POST /v1/admin/maintain (SPEC §11.2); err (never sent): the pass could not list the subscriptions.
-type passReport struct {
-	OK    bool `json:"ok"`
-	Usage struct {
-		Subscriptions int            `json:"subscriptions"` // with a report their credential reads, due or not
-		Read          int            `json:"read"`
-		Failed        []usageFailure `json:"failed"`
-	} `json:"usage"`
-	Credentials credentialSummary `json:"credentials"`
-	NextDueAt   *string           `json:"next_due_at"` // RFC 3339, or null when nothing is due
-	err         error
-}
-
 type (
+	// passReport is the body of POST /v1/admin/maintain (SPEC §11.2); err (never sent): the pass could not list the subscriptions.
+	passReport struct {
+		OK    bool `json:"ok"`
+		Usage struct {
+			Subscriptions int            `json:"subscriptions"` // with a report their credential reads, due or not
+			Read          int            `json:"read"`
+			Failed        []usageFailure `json:"failed"`
+		} `json:"usage"`
+		Credentials credentialSummary `json:"credentials"`
+		NextDueAt   *string           `json:"next_due_at"` // RFC 3339, or null when nothing is due
+		err         error
+	}
 	// passTicket is one asked pass: why, and its answer for its waiters (rep.err the refusal), set before done closes.
 	passTicket struct {
 		reason string

@@ -265,10 +265,9 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		s.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
 	}()
-	switch h, pattern := s.mux.Handler(r); {
-	case !s.guard.allows(r):
+	if h, pattern := s.mux.Handler(r); !s.guard.allows(r) {
 		s.fail(ri, r, refuse("secure_transport_required", "this listener accepts plain HTTP only from loopback or a trusted proxy that received https"))
-	case r.RequestURI == "*" || r.URL.EscapedPath() != path.Clean(r.URL.EscapedPath()) || pattern == "":
+	} else if r.RequestURI == "*" || r.URL.EscapedPath() != path.Clean(r.URL.EscapedPath()) || pattern == "" {
 		// OPTIONS * names the server (RFC 9110 §9.3.7); an unclean path (//, ., ..) would get the mux's own 307 in HTML.
 		// Else say in the envelope what the mux would answer: 404, or 405 with Allow.
 		rec, err := httptest.NewRecorder(), refuse("not_found", "no route for %s", r.URL.Path)
@@ -279,7 +278,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			err = refuse("not_found", "no route for %s; the client's base URL likely ends in /v1 and should not (e.g. ANTHROPIC_BASE_URL=http://127.0.0.1:8080, without /v1)", r.URL.Path)
 		}
 		s.fail(ri, r, err)
-	default:
+	} else {
 		s.mux.ServeHTTP(ri, r) // not h.ServeHTTP: only the mux sets r.PathValue
 	}
 }
@@ -367,12 +366,11 @@ func presentedToken(h http.Header) (string, error) {
 		bearer = strings.TrimSpace(t) // another scheme than Bearer carries no token of Brama's
 	}
 	tok := cmp.Or(bearer, key)
-	switch {
-	case len(auth) > 1 || len(keys) > 1 || tok != key && key != "" || strings.Contains(tok, ","): // one token, not a list
+	if len(auth) > 1 || len(keys) > 1 || tok != key && key != "" || strings.Contains(tok, ",") { // one token, not a list
 		return "", refuse("unauthenticated", "two tokens: send one (ANTHROPIC_API_KEY and ANTHROPIC_AUTH_TOKEN both set?)")
-	case tok == "":
+	} else if tok == "" {
 		return "", refuse("unauthenticated", "no token: send Authorization: Bearer <token> or x-api-key")
-	case strings.ContainsAny(tok, " \t"): // e.g. x-api-key: Bearer …
+	} else if strings.ContainsAny(tok, " \t") { // e.g. x-api-key: Bearer …
 		return "", refuse("unauthenticated", notAClient)
 	}
 	return tok, nil
@@ -490,10 +488,9 @@ func (s *server) handleModel(dialect string, oneCall bool) handler {
 		e := &engine{core: &s.core, agent: ri.client.AgentID, t: &ri.tally}
 		ri.requestedModel, ri.streamed = req.head.Model, req.head.Stream && !oneCall
 		c, cands, err := e.planChat(ri.client, req, oneCall)
-		switch ri.routingMode, ri.route = c.res.Mode, c.res.Route; {
-		case err != nil:
+		if ri.routingMode, ri.route = c.res.Mode, c.res.Route; err != nil {
 			return err
-		case oneCall:
+		} else if oneCall {
 			if ae := e.serveModelCall(r.Context(), w, req, c); ae != nil {
 				return ae
 			}
