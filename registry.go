@@ -132,9 +132,7 @@ func (doc *routesDoc) validate() error {
 	var errs []error
 	for i := range doc.Deployments {
 		d := &doc.Deployments[i]
-		if len(d.Adapters) == 0 {
-			d.Adapters = nil // [] and absent are one document
-		}
+		d.Adapters = append([]adapter(nil), d.Adapters...) // [] and absent are one document: nil
 		for _, a := range d.Adapters {
 			errs = append(errs, firstBroken([]rule{{!namePattern.MatchString(a.Name),
 				"registry deployment %q adapter %q: an adapter name must match [a-z0-9._-]{1,128}"}}, clipName(d.Name), clipName(a.Name)))
