@@ -88,13 +88,11 @@ func newCatalog(st state, getenv func(string) string, client *http.Client, log *
 	if c.url = cmp.Or(strings.TrimSpace(getenv("BRAMA_MODEL_CATALOG_URL")), defaultCatalogURL); strings.EqualFold(c.url, "off") {
 		c.url = ""
 	}
-	cc, b := catalogCache{}, []byte(nil)
+	var cc catalogCache
 	if c.cachePath, err = st.path("model metadata cache", "model-metadata.json"); err != nil {
 		log.Warn("model_metadata_cache_unplaced", "cause", err.Error())
-	} else if b, _, err = readGuarded("model metadata cache", c.cachePath); err == nil {
-		if err = decodeStrict("model metadata cache", b, &cc); err == nil {
-			c.data, err = parseCatalog(cc.Body, nil)
-		}
+	} else if cc, _, err = (&stateFile[catalogCache]{role: "model metadata cache", path: c.cachePath}).read(); err == nil {
+		c.data, err = parseCatalog(cc.Body, nil)
 	}
 	switch {
 	case errors.Is(err, errFileAbsent):
@@ -288,11 +286,7 @@ func newPerfRegistry(st state, sy sys) *perfRegistry {
 		logAs: [2]string{"perf_stats_unplaced", "perf_stats_flush_failed"}, entries: map[string]perfEntry{},
 		doc: func(m map[string]perfEntry, now time.Time) any { return perfDocument{1, now.UTC(), m} }}}
 	p.name, p.pathErr = st.path("perf telemetry", "perf.json")
-	var doc perfDocument
-	b, _, err := readGuarded("perf telemetry", p.name) // name "": absent
-	if err == nil {
-		err = decodeStrict("perf telemetry", b, &doc)
-	}
+	doc, _, err := (&stateFile[perfDocument]{role: "perf telemetry", path: p.name}).read() // name "": absent
 	if err == nil {
 		maps.Copy(p.entries, doc.Routes)
 	} else if !errors.Is(err, errFileAbsent) {

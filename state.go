@@ -136,8 +136,8 @@ func readGuarded(role, name string) ([]byte, fileIdentity, error) {
 // stateFile is one strict state file, re-read only when its identity changes (SPEC §2.3); absent: parse(nil) or errFileAbsent.
 type stateFile[T any] struct {
 	role, path string
-	pathErr    error // why there is no file (no state directory), else nil
-	parse      func([]byte) (T, error)
+	pathErr    error                   // why there is no file (no state directory), else nil
+	parse      func([]byte) (T, error) // given nil only for an absent file; nil: decodeStrict alone, absence an error
 	absentErr  bool
 	memory     *T // with pathErr set, what load answers instead of refusing (nil: refuse)
 
@@ -166,7 +166,9 @@ func (f *stateFile[T]) read() (doc T, id fileIdentity, err error) {
 		return doc, id, f.pathErr
 	}
 	b, id, err := readGuarded(f.role, f.path)
-	if err == nil || errors.Is(err, errFileAbsent) && !f.absentErr { // absent: parse(nil); a present file is never nil
+	if f.parse == nil && err == nil {
+		err = decodeStrict(f.role, b, &doc)
+	} else if f.parse != nil && (err == nil || errors.Is(err, errFileAbsent) && !f.absentErr) { // absent: parse(nil)
 		doc, err = f.parse(b)
 	}
 	return doc, id, err
