@@ -117,7 +117,7 @@ func parseResponses(cr *callerRequest) (chatRequest, error) {
 		b.Input = slices.Concat([]byte(`[{"role":"user","content":`), b.Input, []byte("}]"))
 	}
 	err = cmp.Or(err, readList(b.Input, "input", req.addResponsesItem), readList(b.Tools, "tools", req.addOpenAITool),
-		req.setOpenAIToolChoice(b.ToolChoice, false), req.setOutput(b.Text.Format, "text.format"))
+		req.setOpenAIToolChoice(b.ToolChoice, false), req.setOutput(valueOr(b.Text.Format, outputFormat{}), "text.format"))
 	return req.finishParse(err, "input must hold at least one user, assistant or tool item")
 }
 
