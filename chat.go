@@ -114,7 +114,7 @@ func parseChatCompletions(cr *callerRequest) (chatRequest, error) {
 			req.Stop, req.StopName = append(req.Stop, stop), "stop"
 			return nil
 		}),
-		req.setOutput(&b.ResponseFormat.JSONSchema, "response_format"))
+		req.setOutput(b.ResponseFormat.JSONSchema, "response_format"))
 	return req.finishParse(err, "messages must hold at least one user, assistant or tool message")
 }
 

@@ -382,9 +382,9 @@ func (req *chatRequest) finishParse(err error, refusal string) (chatRequest, err
 }
 
 // setOutput reads structured output: text is none, json_object any JSON, json_schema needs its schema.
-func (req *chatRequest) setOutput(o *outputFormat, what string) error {
+func (req *chatRequest) setOutput(o outputFormat, what string) error {
 	switch {
-	case o == nil || o.Type == "" || o.Type == "text":
+	case o.Type == "" || o.Type == "text":
 	case o.Type == "json_object":
 		req.Output = &outputFormat{Type: o.Type}
 	case o.Type != "json_schema":
@@ -392,7 +392,7 @@ func (req *chatRequest) setOutput(o *outputFormat, what string) error {
 	case rawShape(o.Schema) != '{':
 		return refuse("invalid_request", "%s needs a JSON Schema object", what)
 	default:
-		req.Output = o
+		req.Output = new(o)
 	}
 	return nil
 }

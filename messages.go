@@ -162,9 +162,8 @@ func parseMessages(cr *callerRequest) (chatRequest, error) {
 	if o := b.OutputConfig; o.Effort != "" {
 		req.Effort, req.EffortName = o.Effort, "effort"
 	}
-	if f := cmp.Or(b.OutputConfig.Format, b.OutputFormat); f != nil { // its type and schema: a name and strict are OpenAI's
-		err = cmp.Or(err, req.setOutput(&outputFormat{Type: f.Type, Schema: f.Schema}, "output_config.format"))
-	}
+	f := valueOr(cmp.Or(b.OutputConfig.Format, b.OutputFormat), outputFormat{}) // its type and schema: a name and strict are OpenAI's
+	err = cmp.Or(err, req.setOutput(outputFormat{Type: f.Type, Schema: f.Schema}, "output_config.format"))
 	return req.finishParse(err, "messages must hold at least one user or assistant turn")
 }
 

@@ -110,14 +110,13 @@ func parseResponses(cr *callerRequest) (chatRequest, error) {
 	req.Shared, req.ParallelToolCalls, req.System, req.Verbosity = b.openAIShared, b.ParallelToolCalls, b.Instructions, b.Text.Verbosity
 	req.Effort, req.EffortName = b.Reasoning.Effort, map[bool]string{true: "effort"}[b.Reasoning.Effort != ""]
 	switch {
-	case err != nil: // the first refusal wins
 	case string(b.Input) == `""`, rawShape(b.Input) != '"' && rawShape(b.Input) != '[':
-		err = refuse("invalid_request", "input is required: a non-empty string or an array of items")
+		err = cmp.Or(err, error(refuse("invalid_request", "input is required: a non-empty string or an array of items")))
 	case rawShape(b.Input) == '"': // one user message
 		b.Input = slices.Concat([]byte(`[{"role":"user","content":`), b.Input, []byte("}]"))
 	}
 	err = cmp.Or(err, readList(b.Input, "input", req.addResponsesItem), readList(b.Tools, "tools", req.addOpenAITool),
-		req.setOpenAIToolChoice(b.ToolChoice, false), req.setOutput(b.Text.Format, "text.format"))
+		req.setOpenAIToolChoice(b.ToolChoice, false), req.setOutput(valueOr(b.Text.Format, outputFormat{}), "text.format"))
 	return req.finishParse(err, "input must hold at least one user, assistant or tool item")
 }
 
