@@ -281,7 +281,7 @@ func encodeChat(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 	}
 	out.Tools = jsonArray(tools)
 	if f := req.Output; f != nil {
-		out.ResponseFormat.Type, out.ResponseFormat.JSONSchema = f.Type, valueOr(schemaOutput(f), outputFormat{})
+		out.ResponseFormat.Type, out.ResponseFormat.JSONSchema = f.Type, *openAIOutput(f)
 		out.ResponseFormat.JSONSchema.Type = ""
 	}
 	return json.Marshal(out)

@@ -189,10 +189,10 @@ func jsonArray[T any](items []T) json.RawMessage {
 	return must(json.Marshal(items))
 }
 
-// schemaOutput is a json_schema output named as the OpenAI formats require; nil for JSON mode.
-func schemaOutput(f *outputFormat) *outputFormat {
+// openAIOutput is structured output as the OpenAI formats write it: a json_schema gets the name they require.
+func openAIOutput(f *outputFormat) *outputFormat {
 	if f == nil || f.Type != "json_schema" {
-		return nil
+		return f
 	}
 	s := *f
 	s.Name = cmp.Or(s.Name, "output")

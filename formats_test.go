@@ -464,9 +464,7 @@ func fuzzDialectParse(f *testing.F, dialect string, seeds ...string) {
 func roundTripNeutral(req chatRequest) chatRequest {
 	req.Dropped, req.Effort, req.EffortName, req.LimitName = nil, "", "", ""
 	if req.Output != nil {
-		if s := schemaOutput(req.Output); s != nil {
-			req.Output = s // the schema's name the OpenAI formats require
-		}
+		req.Output = openAIOutput(req.Output) // the schema's name the OpenAI formats require
 	}
 	var msgs []message
 	for _, m := range req.Messages {

@@ -185,7 +185,7 @@ func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part
 func encodeResponses(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 	out := responsesRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream}, Instructions: req.System,
 		ParallelToolCalls: req.ParallelToolCalls, MaxOutputTokens: req.MaxTokens, Reasoning: responsesOption{Effort: req.Effort},
-		Text: responsesOption{Format: schemaOutput(req.Output), Verbosity: req.Verbosity}, openAIShared: req.Shared}
+		Text: responsesOption{Format: openAIOutput(req.Output), Verbosity: req.Verbosity}, openAIShared: req.Shared}
 	req.drop(len(req.Stop) > 0, req.StopName)
 	if c.res.Provider.codex { // it never gets an output limit, and its backend refuses these (SPEC §6.2)
 		req.drop(req.LimitName != "", req.LimitName)

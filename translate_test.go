@@ -247,6 +247,16 @@ func TestTranslationAcrossFormats(t *testing.T) {
 			wantUpstream: map[string]string{"text.format.type": `"json_schema"`, "text.format.name": `"o"`, "text.format.schema": `{"type":"object"}`, "text.format.strict": `true`},
 		},
 		{
+			name: "JSON mode: chat to responses", path: "/v1/chat/completions", provider: "openai-responses",
+			body:         `{"model":"openai-responses/gpt-test","messages":[{"role":"user","content":"q"}],"response_format":{"type":"json_object"}}`,
+			wantUpstream: map[string]string{"text.format": `{"type":"json_object"}`},
+		},
+		{
+			name: "JSON mode: responses to chat", path: "/v1/responses", provider: "openai",
+			body:         `{"model":"openai/gpt-test","input":"q","text":{"format":{"type":"json_object"}}}`,
+			wantUpstream: map[string]string{"response_format": `{"type":"json_object"}`},
+		},
+		{
 			name: "structured output: messages to chat", path: "/v1/messages", provider: "openai",
 			body:         `{"model":"openai/gpt-test","max_tokens":100,"messages":[{"role":"user","content":"q"}],"output_config":{"format":{"type":"json_schema","schema":{"type":"object"}}}}`,
 			wantUpstream: map[string]string{"response_format.type": `"json_schema"`, "response_format.json_schema.schema": `{"type":"object"}`, "response_format.json_schema.name": `"output"`},
