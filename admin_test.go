@@ -222,3 +222,18 @@ func TestTornJournalThenAppend(t *testing.T) {
 		t.Errorf("after the append: %d readable records (want 2: the old and the new), torn=%v", len(recs), torn)
 	}
 }
+
+// TestRoutesListJSONIsTheAliasesBody: `brama routes list -json` prints the very bytes GET /v1/aliases answers (its
+// help says so), a destination's HTML characters (&, <, >) as they are in both.
+func TestRoutesListJSONIsTheAliasesBody(t *testing.T) {
+	env := stateEnv(t)
+	d := startDaemon(t, env, "")
+	if _, errOut, code := runCLI(t, env, "", "routes", "set", "odd", "openai/a&b<c>"); code != 0 {
+		t.Fatalf("routes set: exit %d: %s", code, errOut)
+	}
+	out, errOut, code := runCLI(t, env, "", "routes", "list", "-json")
+	status, _, body := d.call("GET", "/v1/aliases", d.token, "")
+	if code != 0 || status != 200 || out != string(body) || !strings.Contains(out, `"openai/a&b<c>"`) {
+		t.Errorf("routes list -json (exit %d, %s):\n%s\nGET /v1/aliases (%d):\n%s", code, errOut, out, status, body)
+	}
+}
