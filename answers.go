@@ -404,11 +404,7 @@ type replayEntry struct {
 
 // newReplayGuard reads BRAMA_REPLAY_GUARD_SECS: unset is 120 s, 0 turns the guard off; anything unreadable is logged and 120 s.
 func newReplayGuard(getenv func(string) string, log *slog.Logger, now func() time.Time) *replayGuard {
-	const name, def = "BRAMA_REPLAY_GUARD_SECS", 120 * time.Second
-	window, err := envSeconds(getenv, name, 0, def)
-	if err != nil {
-		log.Warn("replay_guard_secs_invalid", "value", strings.TrimSpace(getenv(name)), "using_secs", int(def/time.Second))
-	}
+	window := envSeconds(getenv, "BRAMA_REPLAY_GUARD_SECS", "replay_guard_secs_invalid", 0, 120, log)
 	return &replayGuard{window: window, now: now, refused: map[[sha256.Size]byte]*replayEntry{}, held: map[string]int{}}
 }
 

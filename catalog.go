@@ -21,10 +21,7 @@ import (
 
 // Advisory data no request waits on (SPEC §6.4, §13): the model catalogue and the perf registry.
 
-const ( // SPEC §16
-	defaultCatalogURL = "https://models.dev/api.json"
-	defaultCatalogTTL = 900 * time.Second
-)
+const defaultCatalogURL = "https://models.dev/api.json" // SPEC §16
 
 type (
 	// modelInfo is what Brama keeps of a catalogue model (0 and nil: unknown); callers must not modify its slices.
@@ -76,10 +73,7 @@ type catalogCache struct {
 
 // newCatalog configures the catalogue (SPEC §16); for a URL, memory starts from the cache until start reads it.
 func newCatalog(st state, getenv func(string) string, client *http.Client, log *slog.Logger, now func() time.Time) *catalog {
-	ttl, err := envSeconds(getenv, "BRAMA_MODEL_CATALOG_TTL_SECS", 1, defaultCatalogTTL)
-	if err != nil {
-		log.Warn("model_catalog_ttl_invalid", "cause", err.Error(), "default_secs", int(defaultCatalogTTL/time.Second))
-	}
+	ttl := envSeconds(getenv, "BRAMA_MODEL_CATALOG_TTL_SECS", "model_catalog_ttl_invalid", 1, 900, log)
 	c := &catalog{client: client, sys: sys{log, now}, ttl: ttl, path: strings.TrimSpace(getenv("BRAMA_MODEL_CATALOG_PATH")),
 		why: "no catalogue read has been started"}
 	if c.path != "" {
@@ -89,6 +83,7 @@ func newCatalog(st state, getenv func(string) string, client *http.Client, log *
 		c.url = ""
 	}
 	var cc catalogCache
+	var err error
 	if c.cachePath, err = st.path("model metadata cache", "model-metadata.json"); err != nil {
 		log.Warn("model_metadata_cache_unplaced", "cause", err.Error())
 	} else if cc, _, err = (&stateFile[catalogCache]{role: "model metadata cache", path: c.cachePath}).read(); err == nil {

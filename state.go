@@ -74,9 +74,13 @@ func envWhole(getenv func(string) string, name, unit string, least, def int64, b
 	return def, fmt.Errorf("%s=%q is not a whole number of %s ≥ %d", name, v, unit, least)
 }
 
-func envSeconds(getenv func(string) string, name string, least int64, def time.Duration) (time.Duration, error) {
-	n, err := envWhole(getenv, name, "seconds", least, int64(def/time.Second), 32)
-	return time.Duration(n) * time.Second, err
+// envSeconds reads name as whole seconds ≥ least: unset is def, and so is a bad value, which it logs as event.
+func envSeconds(getenv func(string) string, name, event string, least, def int64, log *slog.Logger) time.Duration {
+	n, err := envWhole(getenv, name, "seconds", least, def, 32)
+	if err != nil {
+		log.Warn(event, "cause", err.Error(), "using_secs", n)
+	}
+	return time.Duration(n) * time.Second
 }
 
 var errFileAbsent = errors.New("file does not exist")

@@ -105,10 +105,7 @@ type inventory struct {
 
 // newInventory places the overlay (parsed strictly) in st and reads the listing cache's TTL (SPEC §10.2).
 func newInventory(st state, v *vault, j *journal, l *ledger, getenv func(string) string, sy sys) *inventory {
-	ttl, err := envSeconds(getenv, "BRAMA_SUBSCRIPTION_CACHE_TTL_SECS", 0, 60*time.Second)
-	if err != nil { // unset or unreadable (logged) is 60 s
-		sy.log.Warn("subscription_cache_ttl_invalid", "cause", err.Error(), "using_secs", 60)
-	}
+	ttl := envSeconds(getenv, "BRAMA_SUBSCRIPTION_CACHE_TTL_SECS", "subscription_cache_ttl_invalid", 0, 60, sy.log)
 	inv := &inventory{sys: sy, vault: v, j: j, l: l, ttl: ttl, cache: map[string][]subscriptionRow{}}
 	inv.overlay = stateFile[*overlayDoc]{role: "donated-subscription overlay", parse: func(b []byte) (*overlayDoc, error) {
 		doc := &overlayDoc{SchemaVersion: 1, Items: []overlayItem{}} // an empty file is an empty overlay

@@ -1,6 +1,9 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -148,12 +151,19 @@ func TestEnvSeconds(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.in, func(t *testing.T) {
-			got, err := envSeconds(testEnv(map[string]string{name: tc.in}), name, 0, 60*time.Second)
-			if got != tc.want || (err != nil) != tc.wantErr {
-				t.Errorf("= %v, %v; want %v, error %v", got, err, tc.want, tc.wantErr)
+			var logs bytes.Buffer
+			got := envSeconds(testEnv(map[string]string{name: tc.in}), name, "ttl_bad", 0, 60, slog.New(slog.NewJSONHandler(&logs, nil)))
+			var rec struct {
+				Msg, Cause string
+				UsingSecs  int `json:"using_secs"`
 			}
-			if want := name + "=\"" + strings.TrimSpace(tc.in) + "\" is not a whole number of seconds ≥ 0"; err != nil && err.Error() != want {
-				t.Errorf("error %q, want %q", err, want)
+			err := json.Unmarshal(logs.Bytes(), &rec)
+			if got != tc.want || (err == nil) != tc.wantErr {
+				t.Errorf("= %v, logged %q; want %v, a warning %v", got, logs.String(), tc.want, tc.wantErr)
+			}
+			want := name + "=\"" + strings.TrimSpace(tc.in) + "\" is not a whole number of seconds ≥ 0"
+			if err == nil && (rec.Msg != "ttl_bad" || rec.Cause != want || rec.UsingSecs != 60) {
+				t.Errorf("logged %+v, want ttl_bad with cause %q, using_secs 60", rec, want)
 			}
 		})
 	}
