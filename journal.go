@@ -87,10 +87,10 @@ func (j *journal) ready() error {
 	if j.broken != nil {
 		return j.broken
 	}
-	path, mode := j.name, uint32(0x2)
+	path, mode := j.name, uint32(0x2) // access(2)'s W_OK; package syscall has no names for the modes
 	_, _, err := guardFile("journal", path, false)
 	for errors.Is(err, errFileAbsent) || errors.Is(err, os.ErrNotExist) && filepath.Dir(path) != path {
-		path, mode = filepath.Dir(path), 0x2|0x1 // a plain file fails X_OK
+		path, mode = filepath.Dir(path), 0x2|0x1 // W_OK|X_OK: a directory to create in (a plain file fails X_OK)
 		_, err = os.Stat(path)
 	}
 	if err == nil { // cmp.Or would call Access after a failed Stat too
@@ -123,8 +123,8 @@ func (j *journal) append(rec journalRecord) error {
 	}
 	defer f.Close() // also unlocks after a failed write
 	fi, err := f.Stat()
-	if last := []byte{'\n'}; err == nil && fi.Size() > 0 { // SPEC §9: a torn final line stays, marked
-		if _, err = f.ReadAt(last, fi.Size()-1); last[0] != '\n' {
+	if last := make([]byte, 1); err == nil && fi.Size() > 0 { // SPEC §9: a torn final line stays, marked
+		if _, err = f.ReadAt(last, fi.Size()-1); err == nil && last[0] != '\n' {
 			line = slices.Concat([]byte(" (torn)\n"), line) // no JSON text ends in ')'; this record starts fresh
 		}
 	}
@@ -135,7 +135,7 @@ func (j *journal) append(rec journalRecord) error {
 		return fmt.Errorf("journal: %w", err)
 	}
 	syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-	if err = f.Sync(); j.testingOnlySync != nil {
+	if err = f.Sync(); j.testingOnlySync != nil { // a test's injected failure replaces the result
 		err = j.testingOnlySync(f)
 	}
 	if err != nil {
@@ -194,7 +194,7 @@ func checkJournal(j *journal, stdout io.Writer) (ok bool, err error) {
 	return fo.badN == 0 && err == nil, err
 }
 
-// scan folds into fo, visiting each complete line past fo, parsed; anew if fo is of another file, a longer one or none.
+// scan folds the complete lines past fo into it, visiting each parsed; anew if fo is empty, another file's or past EOF.
 func (j *journal) scan(fo *journalFold, visit func(journalRecord, string)) (torn bool, err error) {
 	if j.name == "" {
 		return false, j.broken
@@ -245,15 +245,15 @@ func parseJournalLine(line []byte) (r journalRecord, reason string) {
 		return r, "not a JSON object"
 	}
 	rv := reflect.ValueOf(&r).Elem()
-	for i, f := range reflect.VisibleFields(rv.Type()) { // kind and at first: non-empty strings; keys match the tags exactly
+	for i, f := range reflect.VisibleFields(rv.Type()) { // i < 2: kind and at, non-empty strings; then the rest
 		if f.Anonymous && r.Kind == "route_change" { // from and to are read there only
 			r.routeChange = &routeChange{}
 		}
-		name, _, _ := strings.Cut(f.Tag.Get("json"), ",") // json folds case
-		raw, ok := m[name]
-		if f.Anonymous || len(f.Index) > 1 && r.routeChange == nil {
+		if f.Anonymous || len(f.Index) > 1 && r.routeChange == nil { // the pointer itself, or from/to of another kind
 			continue
 		}
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",") // keys match the tags exactly: json.Unmarshal folds case
+		raw, ok := m[name]
 		field := rv.FieldByIndex(f.Index).Addr().Interface()
 		if i < 2 && !ok {
 			return journalRecord{}, "missing " + name
@@ -281,10 +281,10 @@ type validator interface{ validate() error }
 func decodeStrict(role string, b []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
-	err := checkNesting(b)
+	var err error
 	if !utf8.Valid(b) {
 		err = errors.New("not valid UTF-8")
-	} else if err == nil {
+	} else if err = checkNesting(b); err == nil { // checkKeys recurses: the depth is bounded first
 		err = checkKeys(json.NewDecoder(bytes.NewReader(b)), reflect.TypeOf(v))
 	}
 	if err == nil {
@@ -294,8 +294,8 @@ func decodeStrict(role string, b []byte, v any) error {
 		err = errors.New("data after the JSON document")
 	}
 	if sv := reflect.Indirect(reflect.ValueOf(v)); err == nil && sv.Kind() == reflect.Struct { // every state document's
-		if sv = sv.FieldByName("SchemaVersion"); sv.CanInt() && sv.Int() != 1 {
-			err = fmt.Errorf("schema_version %d is not 1", sv.Int())
+		if n := sv.FieldByName("SchemaVersion"); n.CanInt() && n.Int() != 1 {
+			err = fmt.Errorf("schema_version %d is not 1", n.Int())
 		}
 	}
 	if err != nil {

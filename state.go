@@ -141,9 +141,9 @@ func readGuarded(role, name string) ([]byte, fileIdentity, error) {
 type stateFile[T any] struct {
 	role, path string
 	pathErr    error                   // why there is no file (no state directory), else nil
-	parse      func([]byte) (T, error) // given nil only for an absent file; nil: decodeStrict alone, absence an error
-	absentErr  bool
-	memory     *T // with pathErr set, what load answers instead of refusing (nil: refuse)
+	parse      func([]byte) (T, error) // an absent file is parse(nil); nil: decodeStrict, and absence is errFileAbsent
+	absentErr  bool                    // absence is errFileAbsent even with parse set
+	memory     *T                      // with pathErr set, what load answers instead of refusing (nil: refuse)
 
 	mu  sync.Mutex
 	doc T
@@ -152,7 +152,7 @@ type stateFile[T any] struct {
 }
 
 func (f *stateFile[T]) load() (T, error) {
-	if f.pathErr != nil && f.memory != nil { // set before serving starts
+	if f.pathErr != nil && f.memory != nil { // memory is set before serving starts: no lock
 		return *f.memory, nil
 	}
 	_, id, _ := guardFile(f.role, f.path, false) // outside the lock: concurrent requests do not queue behind one lstat
@@ -164,7 +164,7 @@ func (f *stateFile[T]) load() (T, error) {
 	return f.doc, f.err
 }
 
-// read reads and parses the file past the cache; the identity is zero unless parse ran.
+// read reads and parses the file past the cache; the identity is zero when the file could not be read (absent is not).
 func (f *stateFile[T]) read() (doc T, id fileIdentity, err error) {
 	if f.pathErr != nil {
 		return doc, id, f.pathErr
@@ -276,14 +276,14 @@ func flockFile(name string, flag, how int) (*os.File, error) {
 		}
 	}
 	f, err := os.OpenFile(name, syscall.O_NOFOLLOW|flag, 0o600)
-	if err == nil {
-		err = syscall.Flock(int(f.Fd()), how)
+	if err != nil {
+		return nil, err
 	}
-	if err != nil && f != nil {
+	if err := syscall.Flock(int(f.Fd()), how); err != nil {
 		f.Close()
-		f = nil
+		return nil, err
 	}
-	return f, err
+	return f, nil
 }
 
 // lockServe takes the one-serve-per-state-directory lock (SPEC §2.3).
