@@ -157,10 +157,10 @@ func (j *journal) size() (int64, error) {
 	broken := j.broken
 	j.mu.Unlock()
 	_, id, err := guardFile("journal", j.name, false) // name "" (no state directory): absent, and broken says why
-	if errors.Is(err, errFileAbsent) {
-		err = nil
+	if err == nil || errors.Is(err, errFileAbsent) { // the file passes the guards or is absent: appends decide
+		err = broken
 	}
-	return max(id.size, 0), cmp.Or(err, broken) // an absent file's identity has size -1
+	return max(id.size, 0), err // an absent file's identity has size -1
 }
 
 // folded folds the lines completed since the last call, logging each bad one, and returns a copy: retire is true for
