@@ -157,8 +157,8 @@ func (j *journal) size() (int64, error) {
 	broken := j.broken
 	j.mu.Unlock()
 	_, id, err := guardFile("journal", j.name, false) // name "" (no state directory): absent, and broken says why
-	if err == nil || errors.Is(err, errFileAbsent) { // the file passes the guards or is absent: appends decide
-		err = broken
+	if err == nil || errors.Is(err, errFileAbsent) {
+		err = broken // the file passes the guards or is absent: appends decide
 	}
 	return max(id.size, 0), err // an absent file's identity has size -1
 }
