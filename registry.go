@@ -209,7 +209,7 @@ func validModel(m string) bool {
 // a name with "/" or "*" matches no prefix alias: "o*" must not take over openai/…, and is itself no model.
 func (doc *routesDoc) match(name string) (dest string, ok bool) {
 	if dest, ok = doc.Routes[name]; ok || strings.ContainsAny(name, "/*") || !validModel(name) {
-		return dest, ok && !strings.Contains(name, "*")
+		return dest, ok && !strings.Contains(name, "*") // "claude-*" names a prefix alias, never a model
 	}
 	longest := ""
 	for alias, d := range doc.Routes {
@@ -243,8 +243,8 @@ func (d deployment) baseURL() string {
 
 // registry is the registry file, read cached by file identity (SPEC §4.2), written under its lock (§4.4).
 type registry struct {
-	stateFile[*routesDoc]              // path "" when pathErr is set; keeps a parse failure
-	j                     *journal     // and its logger
+	stateFile[*routesDoc]              // with pathErr set (no state directory) path is ""; a parse failure is kept
+	j                     *journal     // journals route changes; its logger logs the registry's failures
 	lastLogged            atomic.Value // string: the failure last logged as inference_routes_invalid
 }
 
@@ -310,14 +310,14 @@ func (r *registry) commit(change func(doc *routesDoc) (*journalRecord, error)) (
 			return refuse("state_conflict", "the route registry on disk is invalid (repair it or run brama routes migrate): %v", err).because(err)
 		}
 		rec, err := change(doc)
-		staged, journalErr := encodeRegistry(doc), r.j.ready()
-		if invalid := doc.validate(); err != nil {
+		staged := encodeRegistry(doc)
+		if err != nil {
 			return err
-		} else if rec != nil && journalErr != nil {
+		} else if journalErr := r.j.ready(); rec != nil && journalErr != nil {
 			return refuse("dependency_unavailable", "route registry not changed: the journal cannot record it: %v", journalErr).because(journalErr)
 		} else if len(staged) > maxRegistryBytes {
 			return refuse("state_conflict", "the route registry would be %d bytes, over the 1 MiB limit", len(staged))
-		} else if invalid != nil {
+		} else if invalid := doc.validate(); invalid != nil {
 			return refuse("invalid_request", "route registry not changed: %v", invalid).because(invalid)
 		}
 		if err := writeFileAtomic(r.path, staged); err != nil || rec == nil {
@@ -440,7 +440,7 @@ func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(stri
 	case docErr != nil && (!known || p.cred == credNone): // local-openai needs the registry's deployments
 		e := refuse("alias_unserviceable", "model %q cannot be resolved: the route registry is invalid: %v", quoted, docErr)
 		return resolution{}, withAlias(e.because(docErr), name, stateRoutesInvalid, nil)
-	case docErr != nil || !declared && known:
+	case docErr != nil || !declared && known: // a known provider's canonical route, not read through the registry
 		dest, declared = name, false
 	case !declared:
 		fix := map[bool]string{true: name, false: "NAME"}[aliasPattern.MatchString(name)]

@@ -72,7 +72,7 @@ func printable(s string) bool {
 // it, and completes its grant (on a copy).
 func checkCredential(provider string, cred vaultCredential) (vaultCredential, error) {
 	p, _ := lookupProvider(provider)
-	k, g, isKey := cred.APIKey, cmp.Or(cred.OAuth, &oauthGrant{}), cred.APIKey != ""
+	k, g, isKey := cred.APIKey, valueOr(cred.OAuth, oauthGrant{}), cred.APIKey != "" // no oauth: g's tokens are ""
 	if err := firstBroken([]rule{
 		{isKey == (cred.OAuth != nil), "give exactly one of api_key or oauth"},
 		{isKey && (strings.TrimSpace(k) != k || !printable(k) || len(k) > 8192), "api_key must be one line of printable text (at most 8192 bytes) without surrounding spaces"},
@@ -82,7 +82,7 @@ func checkCredential(provider string, cred vaultCredential) (vaultCredential, er
 		{g.ExpiresAtMs < 0, "oauth expires_at_ms must not be negative"}}); err != nil {
 		return cred, refuse("invalid_request", "%s", err)
 	} else if !isKey {
-		cred.OAuth = new(fillGrant(provider, *g))
+		cred.OAuth = new(fillGrant(provider, g))
 	}
 	return cred, nil
 }
@@ -249,7 +249,7 @@ func (inv *inventory) store(it overlayItem, cred vaultCredential, by string) (ov
 		return refuse("internal_error", "the overlay was not written: %v", err).because(err)
 	})
 	if err == nil && (!fresh || cred.OAuth != nil) {
-		inv.l.activate(it.ID, it.Provider, cmp.Or(cred.OAuth, &oauthGrant{}).ExpiresAtMs, 0) // an API key: none
+		inv.l.activate(it.ID, it.Provider, valueOr(cred.OAuth, oauthGrant{}).ExpiresAtMs, 0) // an API key: none
 	}
 	if by != "" && (err == nil || asAPIError(err).Status() >= 500 && !fresh && it.Provider != "") {
 		rec := journalRecord{Kind: "subscription_sign_in", SubscriptionID: it.ID, Provider: it.Provider, Result: "signed_in",
