@@ -92,7 +92,7 @@ func newCatalog(st state, getenv func(string) string, client *http.Client, log *
 	switch {
 	case errors.Is(err, errFileAbsent):
 		err = errors.New("there is no cached copy")
-	case err != nil && c.cachePath != "":
+	case err != nil && c.cachePath != "": // an unplaced cache was logged above
 		log.Warn("model_metadata_cache_unreadable", "cause", err.Error())
 		err = fmt.Errorf("the cached copy is unreadable: %w", err)
 	case err == nil && !cc.FetchedAt.After(now()): // a fetch time from the future has no usable age
