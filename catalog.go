@@ -92,14 +92,14 @@ func newCatalog(st state, getenv func(string) string, client *http.Client, log *
 	switch {
 	case errors.Is(err, errFileAbsent):
 		err = errors.New("there is no cached copy")
-	case err != nil && c.cachePath != "":
+	case err != nil && c.cachePath != "": // an unplaced cache was logged above
 		log.Warn("model_metadata_cache_unreadable", "cause", err.Error())
 		err = fmt.Errorf("the cached copy is unreadable: %w", err)
 	case err == nil && !cc.FetchedAt.After(now()): // a fetch time from the future has no usable age
 		c.nextTry = cc.FetchedAt.Add(ttl)
 	}
 	if c.url == "" && err != nil {
-		c.data, c.why = nil, "live reads are off (BRAMA_MODEL_CATALOG_URL=off) and "+err.Error()
+		c.why = "live reads are off (BRAMA_MODEL_CATALOG_URL=off) and " + err.Error() // data is nil: no usable copy
 	}
 	return c
 }
@@ -153,18 +153,18 @@ func (c *catalog) settleLocked(data catalogData, err error) {
 func (c *catalog) current() (catalogData, string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	due, fileID := !c.now().Before(c.nextTry), "" // a file's size and modification time tell it changed
+	due := !c.now().Before(c.nextTry)
 	if c.path != "" {
+		fileID := "" // the file's size and modification time: they tell it changed
 		if fi, err := os.Stat(c.path); err == nil {
 			fileID = fmt.Sprint(fi.Size(), fi.ModTime().UnixNano())
 		}
-	}
-	switch {
-	case c.path != "" && (due || c.data == nil && fileID != c.fileID):
-		c.fileID = fileID
-		b, err := os.ReadFile(c.path)
-		c.settleLocked(parseCatalog(b, cmp.Or(errors.Unwrap(err), err))) // a *fs.PathError's cause: not its path
-	case c.wg != nil && !c.refreshing && due && c.ctx.Err() == nil:
+		if due || c.data == nil && fileID != c.fileID {
+			c.fileID = fileID
+			b, err := os.ReadFile(c.path)
+			c.settleLocked(parseCatalog(b, cmp.Or(errors.Unwrap(err), err))) // a *fs.PathError's cause: not its path
+		}
+	} else if c.wg != nil && !c.refreshing && due && c.ctx.Err() == nil {
 		c.readLocked()
 	}
 	if c.data == nil {
@@ -278,7 +278,7 @@ type perfRegistry struct{ persisted[perfEntry] }
 // newPerfRegistry starts from perf.json; a bad one is logged and replaced at the next flush: telemetry never stops serving.
 func newPerfRegistry(st state, sy sys) *perfRegistry {
 	p := &perfRegistry{persisted: persisted[perfEntry]{sys: sy, every: 30 * time.Second, afterFunc: afterFunc,
-		logAs: [2]string{"perf_stats_unplaced", "perf_stats_flush_failed"}, entries: map[string]perfEntry{},
+		unplacedLog: "perf_stats_unplaced", failedLog: "perf_stats_flush_failed", entries: map[string]perfEntry{},
 		doc: func(m map[string]perfEntry, now time.Time) any { return perfDocument{1, now.UTC(), m} }}}
 	p.name, p.pathErr = st.path("perf telemetry", "perf.json")
 	doc, _, err := (&stateFile[perfDocument]{role: "perf telemetry", path: p.name}).read() // name "": absent

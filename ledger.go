@@ -96,6 +96,7 @@ func nudge(ch chan struct{}) {
 
 // persisted is a map kept in memory and written whole to its state file (ledger.json, SPEC §10.3; perf.json, §13).
 type persisted[V any] struct {
+	unplacedLog, failedLog string // the log messages of pathErr and of a failed write
 	sys
 	name      string // the file; "" when there is none (pathErr, or an unreadable file kept for repair)
 	pathErr   error  // no state directory: the entries live in memory only, said once at the first change
@@ -103,7 +104,6 @@ type persisted[V any] struct {
 	every     time.Duration
 	afterFunc func(d time.Duration, f func()) ledgerStopper
 	doc       func(entries map[string]V, now time.Time) any // the file's document around the entries, encoded under mu
-	logAs     [2]string                                     // the log messages of pathErr and of a failed write
 
 	mu        sync.Mutex // guards entries, dirty, lastWrite, timer
 	entries   map[string]V
@@ -125,7 +125,7 @@ func (p *persisted[V]) change(immediate bool, fn func(entries map[string]V, now 
 	}
 	p.mu.Unlock()
 	if p.pathErr != nil {
-		p.unplaced.Do(func() { p.log.Warn(p.logAs[0], "cause", p.pathErr.Error()) })
+		p.unplaced.Do(func() { p.log.Warn(p.unplacedLog, "cause", p.pathErr.Error()) })
 	} else if due {
 		p.flush(false)
 	}
@@ -152,7 +152,7 @@ func (p *persisted[V]) flush(pendingOnly bool) {
 		err = writeFileAtomic(p.name, data)
 	}
 	if err != nil {
-		p.log.Warn(p.logAs[1], "cause", err.Error())
+		p.log.Warn(p.failedLog, "cause", err.Error())
 	}
 }
 
@@ -166,11 +166,11 @@ type ledger struct {
 
 // newLedger loads ledger.json; an unreadable one is served empty, logged without its bytes and never overwritten (to repair).
 func newLedger(st state, log *slog.Logger, now func() time.Time) *ledger {
-	f := stateFile[map[string]ledgerEntry]{role: "ledger", parse: parseLedger}
-	f.path, f.pathErr = st.path("ledger", ledgerFile)
 	l := &ledger{changed: make(chan struct{}, 1), persisted: persisted[ledgerEntry]{sys: sys{log, now}, every: time.Second,
-		afterFunc: afterFunc, logAs: [2]string{"ledger_unplaced", "ledger_write_failed"}, entries: map[string]ledgerEntry{},
-		doc: func(m map[string]ledgerEntry, _ time.Time) any { return ledgerDoc{1, m} }, name: f.path, pathErr: f.pathErr}}
+		afterFunc: afterFunc, unplacedLog: "ledger_unplaced", failedLog: "ledger_write_failed",
+		doc: func(m map[string]ledgerEntry, _ time.Time) any { return ledgerDoc{1, m} }, entries: map[string]ledgerEntry{}}}
+	l.name, l.pathErr = st.path("ledger", ledgerFile)
+	f := stateFile[map[string]ledgerEntry]{role: "ledger", parse: parseLedger, path: l.name, pathErr: l.pathErr}
 	entries, _, err := f.read()
 	maps.Copy(l.entries, entries)       // none when err; "subscriptions" null or absent: none
 	if err != nil && f.pathErr == nil { // else err is pathErr
@@ -400,7 +400,7 @@ func (r codexReading) codexWindow(which string, now time.Time, source string) (p
 	traffic, after := source == windowSourceTraffic, r.After.v
 	if r.Seconds.ok && r.Seconds.v == 0 {
 		w.ResetsAtMs = 0
-	} else if r.After.ok && (after > 0 || traffic && after == 0) && after < planMaxResetSeconds && (traffic || r.ResetAt.ms == 0) {
+	} else if r.After.ok && after >= 0 && after < planMaxResetSeconds && (traffic || after > 0 && r.ResetAt.ms == 0) {
 		w.ResetsAtMs = epochMs(float64(now.UnixMilli()) + after*1000)
 	}
 	return w, r.UsedPercent.ok

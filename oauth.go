@@ -327,11 +327,11 @@ func newSignIn(provider string) (signIn, error) {
 // exchangeCode trades what was pasted (a redirect URL, "code#state" or a code) for a grant (SPEC §11.1, RFC 7636).
 func (o *oauthClient) exchangeCode(ctx context.Context, s signIn, code string) (oauthGrant, error) {
 	p, _ := lookupProvider(s.provider)
-	code, pasted, _ := strings.Cut(strings.TrimSpace(code), "#")
+	code, pastedState, _ := strings.Cut(strings.TrimSpace(code), "#")
 	if u, err := url.Parse(code); err == nil && u.Scheme != "" && u.Host != "" {
-		code, pasted = u.Query().Get("code"), u.Query().Get("state")
+		code, pastedState = u.Query().Get("code"), u.Query().Get("state")
 	}
-	if pasted != "" && pasted != s.state {
+	if pastedState != "" && pastedState != s.state {
 		return oauthGrant{}, errStateMismatch
 	} else if code == "" {
 		return oauthGrant{}, fmt.Errorf("%w: no authorization code in what was pasted", errTokenMalformed)
