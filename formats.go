@@ -115,11 +115,11 @@ type (
 
 const openAISharedNames = "store metadata service_tier prompt_cache_key safety_identifier user"
 
+var openAISharedList = strings.Fields(openAISharedNames) // in openAIShared's order, for dropShared
+
 func (req *chatRequest) dropShared(o openAIShared) {
 	for i, v := range []json.RawMessage{o.Store, o.Metadata, o.ServiceTier, o.PromptCacheKey, o.SafetyIdentifier, o.User} {
-		if !rawIsNull(v) {
-			req.drop(true, strings.Fields(openAISharedNames)[i])
-		}
+		req.drop(!rawIsNull(v), openAISharedList[i])
 	}
 }
 

@@ -48,10 +48,10 @@ func splitRaw(src []byte, open byte, scratch []jsonMember) (rawObject, bool) {
 	o := rawObject{src: src, members: scratch[:0]}
 	for i++; ; {
 		m := jsonMember{sep: i}
-		if i = skipJSONSpace(src, i); src[i] == '}' || src[i] == ']' {
+		i = len(src) - len(bytes.TrimLeft(src[i:], ", \t\n\r")) // past space and the separating comma, if any
+		if src[i] == '}' || src[i] == ']' {
 			return o, true
 		}
-		i = skipJSONSpace(src, i+boolCount(src[i] == ',')) // past the separating comma, if any
 		m.val = i
 		if open == '{' {
 			k := skipJSONValue(src, i)

@@ -178,9 +178,9 @@ const (
 // claudeCodeSystem is OAuth traffic's system: the Claude Code identity, then the caller's blocks byte for byte; nil if so.
 func claudeCodeSystem(raw json.RawMessage) ([]byte, error) {
 	block := func(s string) string { return `{"text":` + string(jsonText(s)) + `,"type":"text"}` }
-	if s, ok := jsonString(raw); s != "" { // a string is one text block
+	if s, isString := jsonString(raw); s != "" { // a string is one text block
 		raw = json.RawMessage("[" + block(s) + "]")
-	} else if ok || raw == nil {
+	} else if isString || raw == nil { // "" or absent: no block
 		raw = json.RawMessage("[]")
 	}
 	var own []struct{ Type, Text string }
@@ -205,11 +205,11 @@ func codexInstructions(instructions, input json.RawMessage) []byte {
 	var texts []string
 	for _, it := range items {
 		if role, _ := jsonString(it.Role); role == "system" || role == "developer" {
+			if s, ok := jsonString(it.Content); ok {
+				texts = append(texts, s)
+			}
 			var parts []struct{ Text string }
 			json.Unmarshal(it.Content, &parts) // a string leaves parts empty
-			if s, ok := jsonString(it.Content); ok {
-				parts = append(parts, struct{ Text string }{s})
-			}
 			for _, p := range parts {
 				texts = append(texts, p.Text)
 			}
@@ -468,7 +468,7 @@ func (p providerInfo) readUsage(body []byte, now time.Time) (ws []planWindow, er
 		for i, l := range doc.Limits {
 			n := strconv.Itoa(i)
 			label := windowLabel(l.Window.Duration.v*minutes[l.Window.TimeUnit], "limit "+n)
-			add(*cmp.Or(l.Detail, &l), "kimi:limit-"+n, label, cmp.Or(l.ResetTime.ms, l.ResetTimeSpec.ms))
+			add(valueOr(l.Detail, l), "kimi:limit-"+n, label, cmp.Or(l.ResetTime.ms, l.ResetTimeSpec.ms))
 		}
 	}
 	if len(ws) == 0 {
@@ -479,7 +479,7 @@ func (p providerInfo) readUsage(body []byte, now time.Time) (ws []planWindow, er
 
 // jsonErrorKind says what was wrong with a JSON document without quoting a fragment of it.
 func jsonErrorKind(err error) string {
-	if se := (*json.SyntaxError)(nil); errors.As(err, &se) {
+	if se, ok := errors.AsType[*json.SyntaxError](err); ok {
 		return "syntax error at byte " + strconv.FormatInt(se.Offset, 10)
 	}
 	return "unexpected shape"
