@@ -10,8 +10,8 @@ import (
 	"time"
 )
 
-// OpenAI Chat Completions (caller POST /v1/chat/completions, provider {base}/chat/completions), both directions, buffered and
-// streamed; the wire shapes serve both. A tool is declared as a call is made: its type, under it Responses' flat tool's members.
+// OpenAI Chat Completions (caller POST /v1/chat/completions, provider {base}/chat/completions), both directions, buffered
+// and streamed; the wire shapes serve both. A tool is declared in a call's shape: its type, nesting a Responses tool's members.
 type (
 	chatRequestBody struct {
 		callerHead
