@@ -10,8 +10,8 @@ import (
 	"time"
 )
 
-// OpenAI Chat Completions (caller POST /v1/chat/completions, provider {base}/chat/completions), both directions, buffered and
-// streamed; the wire shapes serve both. A tool is declared as a call is made: its type, under it Responses' flat tool's members.
+// OpenAI Chat Completions (caller POST /v1/chat/completions, provider {base}/chat/completions), both directions, buffered
+// and streamed; the wire shapes serve both. A tool is declared in a call's shape: its type, nesting a Responses tool's members.
 type (
 	chatRequestBody struct {
 		callerHead
@@ -222,16 +222,16 @@ func (req *chatRequest) setOpenAIToolChoice(raw json.RawMessage, nested bool) (e
 // openAIToolChoice is req's tool_choice as the OpenAI formats write it; a named tool's name nested under its type in chat.
 func (req chatRequest) openAIToolChoice(nested bool) json.RawMessage {
 	c := req.ToolChoice
-	switch kind := valueOr(req.findTool(valueOr(c, toolChoice{}).Name), tool{Type: toolFunction}).Type; {
-	case c == nil:
+	if c == nil {
 		return nil
-	case c.Mode != toolChoiceTool:
+	} else if c.Mode != toolChoiceTool {
 		return jsonText(c.Mode)
-	case nested:
-		return must(json.Marshal(map[string]any{"type": kind, kind: map[string]string{"name": c.Name}}))
-	default:
-		return must(json.Marshal(map[string]string{"type": kind, "name": c.Name}))
 	}
+	kind := valueOr(req.findTool(c.Name), tool{Type: toolFunction}).Type // function or custom
+	if nested {
+		return must(json.Marshal(map[string]any{"type": kind, kind: map[string]string{"name": c.Name}}))
+	}
+	return must(json.Marshal(map[string]string{"type": kind, "name": c.Name}))
 }
 
 // encodeChat builds a Chat Completions body; tool results become role "tool" messages placed first, right after the assistant turn that called them.
@@ -265,7 +265,7 @@ func encodeChat(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 		switch {
 		case len(parts) == 0 && len(msg.ToolCalls) == 0:
 			continue // only tool results: already sent as role "tool"
-		case m.Role == "user" && slices.ContainsFunc(parts, func(c chatPart) bool { return c.Text == nil }):
+		case m.Role == "user" && slices.ContainsFunc(parts, func(cp chatPart) bool { return cp.Text == nil }):
 			msg.Content = must(json.Marshal(parts)) // images or files: parts, else one string
 		case len(parts) > 0:
 			msg.Content = jsonText(textOf(m.Parts, ""))
@@ -349,16 +349,16 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 		finish, n := new(cmp.Or(s.rd.finish, finishStop)), s.rd.usage // usage left out, not zeros, when unreported
 		u := ifSet(&chatUsage{n.InputTokens, n.OutputTokens, n.InputTokens + n.OutputTokens}, n.Reported)
 		if s.flush == nil { // a buffered answer: content null beside only tool calls, as OpenAI sends it
-			text, m := "", chatMessage{Role: "assistant"}
-			for _, b := range s.blocks {
-				if b.text {
-					text += b.buf.String()
+			text, m := "", chatMessage{Role: "assistant", Content: json.RawMessage("null")}
+			for _, bl := range s.blocks {
+				if bl.text {
+					text += bl.buf.String()
 				} else {
-					m.ToolCalls = append(m.ToolCalls, chatCall(nil, newAnswerID("call_", b.id), b.name, b.buf.String(), b.custom))
+					m.ToolCalls = append(m.ToolCalls, chatCall(nil, newAnswerID("call_", bl.id), bl.name, bl.buf.String(), bl.custom))
 				}
 			}
-			if m.Content = jsonText(text); text == "" && len(m.ToolCalls) > 0 {
-				m.Content = json.RawMessage("null")
+			if text != "" || len(m.ToolCalls) == 0 {
+				m.Content = jsonText(text)
 			}
 			s.whole = chatCompletion{s.id, "chat.completion", s.created, s.model, []chatChoice{{Message: &m, FinishReason: finish}}, u}
 		}

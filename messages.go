@@ -181,14 +181,14 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 				err = refuse("invalid_request", "%s needs an id and a name", path)
 			}
 			p = part{Type: partToolCall, ToolCallID: bl.ID, ToolName: bl.Name, Arguments: cmp.Or(string(bl.Input), "{}")}
+		case bl.Type == "tool_result" && bl.ToolUseID == "":
+			return part{}, "", refuse("invalid_request", "%s.tool_use_id is required", path)
 		case bl.Type == "tool_result":
 			var inner []part
 			if !rawIsNull(bl.Content) {
 				inner, err = req.messagesParts("result", bl.Content, path+".content")
 			}
-			if p = toolResult(bl.ToolUseID, inner, false, bl.IsError); bl.ToolUseID == "" {
-				err = refuse("invalid_request", "%s.tool_use_id is required", path)
-			}
+			p = toolResult(bl.ToolUseID, inner, false, bl.IsError)
 		case bl.Type != "image" && bl.Type != "document" || src.Type == "file": // thinking, …, a file reference: dropped
 			return part{}, bl.Type, nil
 		case src.Type == "base64" && src.MediaType != "" && src.Data != "": // the neutral URL: base64 and text a data URL
@@ -317,9 +317,9 @@ func encodeMessages(req *chatRequest, c call, h http.Header) ([]byte, error) {
 	}
 	out.Tools = jsonArray(tools)
 	serial := req.ParallelToolCalls != nil && !*req.ParallelToolCalls && len(req.Tools) > 0
-	if c := valueOr(req.ToolChoice, toolChoice{Mode: toolChoiceAuto}); req.ToolChoice != nil || serial {
-		out.ToolChoice = &messagesOption{Type: strings.Replace(c.Mode, toolChoiceRequired, "any", 1), Name: c.Name,
-			DisableParallelToolUse: ifSet(new(true), serial && c.Mode != toolChoiceNone)}
+	if tc := valueOr(req.ToolChoice, toolChoice{Mode: toolChoiceAuto}); req.ToolChoice != nil || serial {
+		out.ToolChoice = &messagesOption{Type: strings.Replace(tc.Mode, toolChoiceRequired, "any", 1), Name: tc.Name,
+			DisableParallelToolUse: ifSet(new(true), serial && tc.Mode != toolChoiceNone)}
 	}
 	return json.Marshal(out)
 }

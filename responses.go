@@ -320,11 +320,11 @@ func (s *callerStream) emit(b *streamBlock, evs ...responsesEvent) (err error) {
 	for _, ev := range evs {
 		if b != nil {
 			ev.OutputIndex = &b.pos
+			if ev.Item == nil {
+				ev.ItemID, ev.ContentIndex = s.resp.Output[b.pos].ID, ifSet(&onePart, b.text)
+			}
 		}
-		if b != nil && ev.Item == nil {
-			ev.ItemID, ev.ContentIndex = s.resp.Output[b.pos].ID, ifSet(&onePart, b.text)
-		}
-		if err == nil && (ev.Part == nil || b.text) {
+		if err == nil && (ev.Part == nil || b.text) { // a part event comes only with a block
 			ev.SequenceNumber, s.seq = s.seq, s.seq+1
 			err = s.frame(ev.Type, ev)
 		}
