@@ -254,7 +254,6 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 	rec, panicked := &httptest.ResponseRecorder{HeaderMap: http.Header{}, Body: new(bytes.Buffer)}, true // Code 0 until written
 	// After a panic too the key is kept or released; the panic goes on (the connection is lost anyway).
 	defer func() {
-		// dispatched: a call was made, or an answer or refusal after dispatch (it names its attempts) was written
 		calls, dispatched := c.t.attempts, c.t.attempts > 0 || rec.HeaderMap.Get("Brama-Attempts") != ""
 		cut := func(ae *apiError) {
 			rec = httptest.NewRecorder()

@@ -147,7 +147,7 @@ func (e *engine) attemptRoute(ctx context.Context, j *job, c call, req *callerRe
 	var unfit *apiError              // a candidate skipped: no max_tokens known, or a request its format cannot express
 candidates:
 	for _, res := range sels {
-		p, cand, creq := res.Provider, call{res: res, cred: c.cred}, req // creq: a selector's gets its own output limit
+		p, cand, creq := res.Provider, call{res: res, baseURL: res.BaseURL, cred: c.cred}, req
 		if j.selects {
 			e.route = res.Route
 		}
@@ -172,7 +172,7 @@ candidates:
 				}
 			}
 		}
-		if cand.baseURL = res.BaseURL; cand.baseURL == "" { // a deployment's is its own, else the provider's
+		if cand.baseURL == "" { // a deployment's is its own, else the provider's
 			if cand.baseURL, err = providerBaseURL(p, e.getenv); err != nil {
 				return refuse("dependency_unavailable", "provider %q has an unusable base URL: %v", p.id, err).withAttempts(e.t.attempts)
 			}
