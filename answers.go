@@ -163,7 +163,7 @@ func readAnswerFile(name string) (*answerRecord, error) {
 func (rec *answerRecord) validate() error {
 	open, done := rec.State == answerInProgress, rec.State == answerComplete
 	isTime := func(s *string) bool {
-		t, err := time.Parse(journalTimeFormat, *cmp.Or(s, new(string)))
+		t, err := time.Parse(journalTimeFormat, *cmp.Or(s, new(string))) // nil parses as "": not a time
 		return err == nil && t.Format(journalTimeFormat) == *s
 	}
 	return firstBroken([]rule{
@@ -370,8 +370,8 @@ func (a *answerStore) keep(t *answerRecord, w *httptest.ResponseRecorder, attemp
 		body = o.edit(edits...)
 	}
 	done, sig, status := a.now().UTC().Format(journalTimeFormat), signAnswer(t.key, body), w.Code
-	t.State, t.CompletedAt, t.Status, t.Body, t.Signature = answerComplete, &done, &status, append([]byte{}, body...), &sig
-	t.Attempts, w.Body = attempts, bytes.NewBuffer(body)
+	t.State, t.CompletedAt, t.Status, t.Signature, t.Attempts = answerComplete, &done, &status, &sig, attempts
+	t.Body, w.Body = append([]byte{}, body...), bytes.NewBuffer(body) // the record's own copy; w gives the kept body
 	if err := writeState(t.path, t); err != nil {
 		a.unkept.Store(t.path, true)
 		return err

@@ -79,20 +79,20 @@ func (e *engine) plan(cl client, req *chatRequest) (call, error) {
 		return key != "" || vaultErr != nil
 	})
 	switch pool := res.Mode != modeDirect && res.Mode != modeAlias; {
-	case err != nil: // resolveModel's refusal, its resolution zero: no key beside it
-		key = ""
+	case err != nil: // resolveModel's refusal, its resolution zero
 	case pool && e.agent == "":
 		err = refuse("forbidden", "this route is paid by an agent's subscriptions; use a bearer bound to an agent: brama clients add ID -agent AGENT")
 	case pool || res.Provider.cred != credDirect: // a pool, or a deployment without a key, pays
-		key = ""
 	case vaultErr != nil:
 		err = refuse("credential_unauthorized", "the vault is unreadable").because(vaultErr).withAttempts(0)
 	case key == "":
 		err = refuse("credential_unauthorized", "no direct credential for provider %q", res.Provider.id).withAttempts(0)
 	case controlAt(key) >= 0: // a vault edited by hand: net/http would refuse the header before sending, no call
-		key, err = "", refuse("credential_unauthorized", "the direct key for %q holds a control character", res.Provider.id).withAttempts(0)
+		err = refuse("credential_unauthorized", "the direct key for %q holds a control character", res.Provider.id).withAttempts(0)
+	default: // the only call that carries the direct key
+		return call{res: res, cred: upstreamCredential{APIKey: key}}, nil
 	}
-	return call{res: res, cred: upstreamCredential{APIKey: key}}, err
+	return call{res: res}, err
 }
 
 // planChat is plan (all of it for a oneCall route, SPEC §15) plus a chat call's output limit (§6.4), a selector's
@@ -147,11 +147,11 @@ func (e *engine) attemptRoute(ctx context.Context, j *job, c call, req *callerRe
 	var unfit *apiError              // a candidate skipped: no max_tokens known, or a request its format cannot express
 candidates:
 	for _, res := range sels {
-		p, cand, creq := res.Provider, c, req
-		if cand.res = res; j.selects {
+		p, cand, creq := res.Provider, call{res: res, baseURL: res.BaseURL, cred: c.cred}, req
+		if j.selects {
 			e.route = res.Route
 		}
-		queue, pays := []overlayItem{{}}, res.Mode != modeDirect && res.Mode != modeAlias // a direct key makes the one call
+		queue, pays := []overlayItem{{}}, res.Mode != modeDirect && res.Mode != modeAlias // a direct key: one call, sub nil
 		var err error
 		if pays {
 			if queue = j.pool; queue == nil && !poolRefused[p.id] { // one that refused all is not walked again
@@ -172,7 +172,7 @@ candidates:
 				}
 			}
 		}
-		if cand.baseURL = res.BaseURL; cand.baseURL == "" { // a deployment's is its own, else the provider's
+		if cand.baseURL == "" { // a deployment's is its own, else the provider's
 			if cand.baseURL, err = providerBaseURL(p, e.getenv); err != nil {
 				return refuse("dependency_unavailable", "provider %q has an unusable base URL: %v", p.id, err).withAttempts(e.t.attempts)
 			}
@@ -408,11 +408,11 @@ func (e *engine) eligible(provider string) ([]overlayItem, error) {
 	pool, err := e.inv.pool(e.agent, provider)
 	now, free := e.now(), map[string][]float64{}
 	pool = slices.DeleteFunc(pool, func(it overlayItem) bool { return e.ledger.entry(it.ID).Credential.State != credActive })
-	for _, it := range pool {
+	for _, it := range pool { // compared in order: blocked, fullest window, then 1 (the live pin's 0: first among equals)
 		free[it.ID] = append(e.ledger.freedom(it.ID, now), 1)
 	}
 	if pn, ok := e.pins.Load(e.agent + "\x00" + provider); ok && now.Before(pn.(pin).until) && free[pn.(pin).id] != nil {
-		free[pn.(pin).id][2] = 0 // first among equals
+		free[pn.(pin).id][2] = 0
 	}
 	slices.SortStableFunc(pool, func(a, b overlayItem) int { return slices.Compare(free[a.ID], free[b.ID]) })
 	return pool, err

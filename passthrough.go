@@ -347,7 +347,7 @@ func relayBuffered(w http.ResponseWriter, c call, resp *http.Response, attempts 
 		}
 	case p.codex:
 		r := &streamReader{protocol: p.protocol, secret: c.cred.bearer(), raw: map[int][]byte{}}
-		err = r.run(resp.Body, nil)
+		err = r.run(resp.Body, "\n", nil)
 		body, u = r.final, r.usage
 	default:
 		ct = cmp.Or(resp.Header.Get("Content-Type"), ct)

@@ -101,14 +101,14 @@ func (s *callerStream) close() {
 func (s *callerStream) answer(c call, body io.Reader, whole []byte, translate, dropUsage bool) (_ usage, err error) {
 	s.rd = streamReader{protocol: c.res.Provider.protocol, secret: c.cred.bearer(), dropUsage: dropUsage}
 	if !translate {
-		err = s.rd.run(body, s.write)
+		err = s.rd.run(body, "\n", s.write) // passthrough's line ends
 		return s.rd.usage, err
 	}
 	s.rd.out, s.rd.calls = s, map[int]*upstreamCall{}
 	if err = s.frames(s, stepBegin, nil, ""); err == nil && whole != nil {
 		err = formatOf(c.res.Provider.protocol).decode(whole, &s.rd)
 	} else if err == nil {
-		err = s.rd.run(body, nil)
+		err = s.rd.run(body, "\r\n", nil) // translation's: WHATWG's
 	}
 	if err == nil {
 		err = s.finish(nil)
@@ -310,11 +310,11 @@ type upstreamCall struct {
 	streamed bool   // text or arguments given: the end gives none
 }
 
-// run reads body's events to the terminal signal (SPEC §7.5), relaying them as received to relay when set; nil
-// only after the terminal signal: a cut or in-band error is provider_incomplete, a malformed event
-// provider_failure. A chat stream ended without [DONE] gets it.
-func (r *streamReader) run(body io.Reader, relay func(block []byte, flush bool) error) error {
-	rd := newSSEReader(body, map[bool]string{false: "\n", true: "\r\n"}[r.out != nil]) // as newSSEReader says
+// run reads body's events, lines ending at a byte of ends (newSSEReader), to the terminal signal (SPEC §7.5),
+// relaying them as received to relay when set; nil only after the terminal signal: a cut or in-band error is
+// provider_incomplete, a malformed event provider_failure. A chat stream ended without [DONE] gets it.
+func (r *streamReader) run(body io.Reader, ends string, relay func(block []byte, flush bool) error) error {
+	rd := newSSEReader(body, ends)
 	for {
 		raw, event, data, err := rd.next()
 		if err != nil && !r.finished {
