@@ -62,7 +62,7 @@ func commands() []command {
 			run: func(e *cliEnv, o opts, _ []string) error { // drop retired fields (SPEC §5), print what was committed
 				reg := e.deps(e.sys()).reg
 				path, out, dropped, err := cmp.Or(o.s("file"), reg.path), []byte(nil), []string(nil), reg.pathErr
-				if o.s("file") != "" || err == nil {
+				if o.s("file") != "" || err == nil { // -file needs no state directory
 					out, dropped, err = migrateRegistry(path)
 				}
 				if err != nil {
@@ -293,7 +293,7 @@ next due: {{with .NextDueAt}}{{.}}{{else}}nothing due{{end}}
 				}
 				key, err := readAnswerKey(resolveState(e.getenv), false)
 				body, rerr := os.ReadFile(p[0])
-				rec := &answerRecord{Body: body, Signature: &sig}
+				rec := &answerRecord{Body: body, Signature: &sig} // with -signature: FILE's bytes against it
 				if err = cmp.Or(err, rerr); err == nil && sig == "" {
 					if rec, err = decodeAnswerRecord(body); err != nil {
 						err = fmt.Errorf("%s: %w", p[0], err)

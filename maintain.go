@@ -28,13 +28,13 @@ type maintainer struct {
 	fresh            map[string]bool        // agents ("": everyone) a pass covered since the last inventory or credential change
 	passes, dropped  int64                  // passes started; requests dropped by the SPEC §11.2 rule
 	lastOK           bool                   // the last pass ended ok
-	lastAt           [2]time.Time           // when the last pass started and ended; zero before the first ends
+	started, ended   time.Time              // when the last pass started and ended; zero before the first ends
 	timer            ledgerStopper          // the armed due timer; nil when none
 	timerAt          time.Time              // the moment it is armed for; zero when none or it fired
 }
 
 type (
-	// passReport is the body of POST /v1/admin/maintain (SPEC §11.2); err (never sent): the pass could not list the subscriptions.
+	// passReport is the body of POST /v1/admin/maintain (SPEC §11.2); err (never sent): why it did not run whole.
 	passReport struct {
 		OK    bool `json:"ok"`
 		Usage struct {
@@ -114,16 +114,15 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 	}
 	agent := slices.Min(slices.Collect(maps.Keys(m.asked))) // "" sorts first: a pass over everyone
 	t := m.asked[agent]
-	if delete(m.asked, agent); agent == "" {
-		clear(m.asked) // a pass over everyone covers the agents' refusals
-	}
-	m.running, m.fresh[agent] = true, true
+	maps.DeleteFunc(m.asked, func(a string, _ *passTicket) bool { return a == agent || agent == "" }) // the asks it covers
+	m.fresh[agent] = true
+	m.running = true
 	m.passes++
 	m.mu.Unlock()
 	m.o.log.Info("maintenance_pass_started", "reason", t.reason, "agent_id", agent)
 	rep := m.passOnce(ctx, agent)
 	m.mu.Lock()
-	m.running, m.lastOK, m.lastAt = false, rep.OK, [2]time.Time{now, m.o.now()}
+	m.running, m.lastOK, m.started, m.ended = false, rep.OK, now, m.o.now()
 	if missed := m.o.ledger.nextDue(now, fold.retire); !missed.IsZero() && !missed.After(m.o.now()) {
 		m.want("", "due") // it passed during the pass
 	}
@@ -211,16 +210,16 @@ func (m *maintainer) passNow(ctx context.Context) (passReport, error) {
 func (m *maintainer) metrics() map[string]float64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	flag := map[bool]float64{true: 1}
+	flag := func(b bool) float64 { return float64(boolCount(b)) }
 	out := map[string]float64{"brama_maintenance_passes_total": float64(m.passes), "brama_maintenance_requests_dropped_total": float64(m.dropped),
-		"brama_maintenance_running": flag[m.running], "brama_maintenance_pending": flag[len(m.asked) > 0]}
-	for name, t := range map[string]time.Time{"next_due": m.timerAt, "last_pass_started": m.lastAt[0], "last_pass_finished": m.lastAt[1]} {
+		"brama_maintenance_running": flag(m.running), "brama_maintenance_pending": flag(len(m.asked) > 0)}
+	for name, t := range map[string]time.Time{"next_due": m.timerAt, "last_pass_started": m.started, "last_pass_finished": m.ended} {
 		if !t.IsZero() {
 			out["brama_maintenance_"+name+"_timestamp_seconds"] = float64(t.UnixMilli()) / 1000
 		}
 	}
-	if !m.lastAt[1].IsZero() {
-		out["brama_maintenance_last_pass_ok"] = flag[m.lastOK]
+	if !m.ended.IsZero() {
+		out["brama_maintenance_last_pass_ok"] = flag(m.lastOK)
 	}
 	return out
 }
@@ -277,13 +276,14 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) (rep passReport
 	if due := m.o.ledger.nextDue(m.o.now(), retired); !due.IsZero() {
 		rep.NextDueAt = new(due.UTC().Format(time.RFC3339))
 	}
-	if rep.err = err; err != nil {
+	rep.err = err
+	if err != nil {
 		m.o.log.Warn("maintenance_pass_failed", "cause", redact(err.Error()))
 		return rep
 	}
 	m.o.log.Info("maintenance_pass_done", "agent_id", agent, "ok", rep.OK, "usage_read", rep.Usage.Read, "usage_failed", len(rep.Usage.Failed),
 		"refreshed", rep.Credentials.Refreshed, "refused", rep.Credentials.Refused,
-		"next_due_at", *cmp.Or(rep.NextDueAt, new(string)), "dur_ms", m.o.now().Sub(start).Milliseconds())
+		"next_due_at", valueOr(rep.NextDueAt, ""), "dur_ms", m.o.now().Sub(start).Milliseconds())
 	return rep
 }
 
@@ -313,9 +313,9 @@ func (m *maintainer) readUsage(ctx context.Context, s *passSub) {
 	}
 	cred, err := m.refresh(ctx, s, func(g oauthGrant) bool { return expiredForRequest(g, m.o.now()) })
 	p, _ := lookupProvider(provider)
-	g, ws := cmp.Or(cred.OAuth, &oauthGrant{}), []planWindow(nil)
+	g, ws := valueOr(cred.OAuth, oauthGrant{}), []planWindow(nil) // the grant (none for an API key); the windows read
 	endpoint, uerr := p.usageEndpoint(m.o.getenv)
-	if err = cmp.Or(err, uerr); err == nil {
+	if err = cmp.Or(err, uerr); err == nil { // the refresh's failure first, else the endpoint's
 		h := http.Header{}
 		setProviderHeaders(h, p, upstreamCredential{cred.APIKey, g.AccessToken, g.AccountID}, nil, false)
 		h.Del("Content-Type") // a GET has no body
@@ -350,7 +350,8 @@ func (m *maintainer) refresh(ctx context.Context, s *passSub, due func(oauthGran
 		return cred, err
 	}
 	s.tried = true
-	if _, err = m.o.refresh(ctx, s.it.ID, s.it.Provider, ""); ctx.Err() == nil {
+	_, err = m.o.refresh(ctx, s.it.ID, s.it.Provider, "")
+	if ctx.Err() == nil {
 		s.refreshed, s.refused = err == nil, err != nil && !errors.Is(err, errRefreshSuperseded)
 	}
 	if err != nil && !errors.Is(err, errRefreshSuperseded) { // else its grant, or a sign-in's (SPEC §11.1)
@@ -366,8 +367,8 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, 
 		return nil, refuse("state_conflict", "subscription %s is blocked until %s; a probe is not sent inside a recorded block",
 			it.ID, until.UTC().Format(time.RFC3339))
 	}
-	builtin, _ := lookupProvider(it.Provider)
-	if model = cmp.Or(model, builtin.probe); model == "" {
+	p, _ := lookupProvider(it.Provider)
+	if model = cmp.Or(model, p.probe); model == "" {
 		return nil, refuse("state_conflict", "name a model for this probe: provider %q has no built-in probe model", it.Provider)
 	}
 	res, err := resolveModel(it.Provider+"/"+model, nil, nil, nil)
@@ -376,16 +377,15 @@ func (e *engine) probe(ctx context.Context, it overlayItem, model string) (any, 
 	}
 	res.Mode = modeSubscription // paid by the probed subscription, whatever its provider
 	u, ae := e.ping(ctx, call{res: res}, []overlayItem{it})
-	ok, detail := ae == nil, fmt.Sprintf("%s answered (%d output tokens)", res.Route, u.OutputTokens)
-	if !ok && e.t.attempts == 0 && len(e.reasons) == 0 { // refused before any call, as a probe's own refusal
+	log, outcome, detail := e.log.Info, "ok", fmt.Sprintf("%s answered (%d output tokens)", res.Route, u.OutputTokens)
+	if ae != nil && e.t.attempts == 0 && len(e.reasons) == 0 { // refused before any call, as a probe's own refusal
 		ae.Attempts = nil
 		return nil, ae
-	} else if !ok { // the provider refused, its answer could not be read, or the grant could not be refreshed
-		detail = ae.Message
+	} else if ae != nil { // the provider refused, its answer could not be read, or the grant could not be refreshed
+		log, outcome, detail = e.log.Warn, "failed", ae.Message
 	}
-	e.ledger.recordCheck(it.ID, res.Provider.id, true, ok, detail) // written at once: the listing shows it (SPEC §10.2)
-	log := map[bool]func(string, ...any){true: e.log.Info, false: e.log.Warn}[ok]
-	log("usage_probe_"+map[bool]string{true: "ok", false: "failed"}[ok], "request_id", e.t.requestID,
+	e.ledger.recordCheck(it.ID, res.Provider.id, true, ae == nil, detail) // the listing shows it at once (SPEC §10.2)
+	log("usage_probe_"+outcome, "request_id", e.t.requestID,
 		"subscription_id", it.ID, "agent_id", e.agent, "provider", it.Provider, "route", res.Route, "detail", ledgerSentence(detail))
 	row := e.inv.row(it, false, e.now())
 	return map[string]any{"ok": true, "probe": cmp.Or(row.Probe, &ledgerCheck{}), "subscription": row}, nil

@@ -175,7 +175,7 @@ func (s *server) routes() {
 		}))
 	handle("POST /v1/admin/maintain", reply(200, false, func(r *http.Request, _ *struct{}) (any, error) {
 		rep, err := s.maint.passNow(r.Context())
-		if errors.Is(err, errMaintenanceStopped) { // it could not list the subscriptions
+		if errors.Is(err, errMaintenanceStopped) { // no loop, or the server is stopping
 			return nil, refuse("dependency_unavailable", "no pass can run: %v", err).because(err)
 		}
 		return rep, err
@@ -425,7 +425,7 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 	} else if perm := fi.Mode().Perm(); perm&0o022 != 0 {
 		warn("the state directory has mode %#o: group or other may remove or replace its files, the journal too (chmod 700)", perm)
 	}
-	errOf := func(_ any, err error) error { return err }
+	errOf := func(_ any, err error) error { return err } // a load's error alone
 	check := func(what, env, path string, pathErr, err error) {
 		if pathErr != nil && !errors.Is(pathErr, s.st.cause) { // not the value: it may lie outside the state directory
 			warn("%s is not an absolute path, so that file has no place (§2.1's no state directory)", env)
