@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/base64"
 	"fmt"
 	"io"
 	"net/http"
@@ -170,5 +171,17 @@ func BenchmarkPassthroughStream20(b *testing.B) {
 	brama, _, token := passthroughBench(b)
 	for b.Loop() {
 		benchPost(b, brama, token, benchPassthroughStream)
+	}
+}
+
+// BenchmarkEncodeMessagesImage encodes a translated request's 1 MiB image toward Anthropic: its B/op (about the
+// body's size, 1.4 MB in base64, for a body carried as sent) shows whether the image's data is also decoded.
+func BenchmarkEncodeMessagesImage(b *testing.B) {
+	url := "data:image/png;base64," + base64.StdEncoding.EncodeToString(make([]byte, 1<<20))
+	req := chatRequest{Model: "m", MaxTokens: 10, Messages: []message{{Role: "user", Parts: []part{{Type: partImage, URL: url}}}}}
+	for b.Loop() {
+		if _, err := encodeMessages(&req, call{res: resolution{Model: "m"}}, http.Header{}); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

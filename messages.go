@@ -244,8 +244,10 @@ func (req *chatRequest) messagesContent(ps []part) (_ json.RawMessage, err error
 					return nil, refuse("invalid_request", "an image or file data URL must be base64 with a media type")
 				}
 				b.Source = &messagesSource{Type: "base64", MediaType: media, Data: data}
-				if text, err := base64.StdEncoding.DecodeString(data); media == "text/plain" && err == nil {
-					b.Source = &messagesSource{Type: "text", MediaType: media, Data: string(text)}
+				if media == "text/plain" { // only a text document's data is decoded: an image's may be megabytes
+					if text, err := base64.StdEncoding.DecodeString(data); err == nil {
+						b.Source = &messagesSource{Type: "text", MediaType: media, Data: string(text)}
+					}
 				}
 			}
 		}
