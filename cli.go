@@ -451,10 +451,8 @@ func routesCommand(e *cliEnv, o opts, p []string) error {
 	t, err := d.reg.aliases((&core{deps: d}).hasDirect, nil)
 	if err != nil {
 		return err
-	} else if o["json"] != nil && o.b("json") { // the body of GET /v1/aliases, as writeJSON writes it
-		enc := json.NewEncoder(e.stdout)
-		enc.SetEscapeHTML(false)
-		return enc.Encode(t)
+	} else if o["json"] != nil && o.b("json") { // the body of GET /v1/aliases
+		return encodeJSON(e.stdout, t)
 	}
 	table(e.stdout, nil, "ALIAS\tSTATE\tROUTE\tREASON\n", t.Aliases, func(a aliasRow) []string {
 		return []string{a.Alias, a.State, valueOr(a.Route, "-"), a.Reason}

@@ -479,12 +479,17 @@ func asAPIError(err error) *apiError {
 	return refuse("internal_error", "internal error").because(err)
 }
 
-// writeJSON writes v as the JSON body with status; `<` stays `<` (a 401 says `Bearer <token>`): no body is HTML.
+// encodeJSON writes v and a newline as every Brama body: `<` stays `<` (a 401 says `Bearer <token>`): no body is HTML.
+func encodeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}
+
+// writeJSON writes v as the JSON body with status.
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	if enc.Encode(v) != nil { // a failed Encode writes nothing
+	if encodeJSON(&b, v) != nil { // a failed Encode writes nothing
 		status = 500
 		b.WriteString(`{"error":{"message":"internal error","type":"internal_error","code":"internal_error","retryable":false}}` + "\n")
 	}
