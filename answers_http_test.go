@@ -146,7 +146,10 @@ func TestSignedAnswerOneSpend(t *testing.T) {
 	tampered := *rec
 	tampered.Body = changed
 	tamperedFile, _ := marshalState(&tampered)
-	files := map[string][]byte{"body": rec.Body, "changed": changed, "tampered.json": tamperedFile}
+	open := answerRecord{SchemaVersion: 1, State: answerInProgress, BootID: rec.BootID, Client: rec.Client, KeySHA256: rec.KeySHA256,
+		RequestSHA256: rec.RequestSHA256, StartedAt: rec.StartedAt, Route: rec.Route}
+	openFile, _ := marshalState(&open)
+	files := map[string][]byte{"body": rec.Body, "changed": changed, "tampered.json": tamperedFile, "open.json": openFile}
 	for name, b := range files {
 		os.WriteFile(filepath.Join(dir, name), b, 0o600)
 	}
@@ -162,6 +165,10 @@ func TestSignedAnswerOneSpend(t *testing.T) {
 		{name: "raw body, flag after file", args: []string{filepath.Join(dir, "body"), "-signature", sig}, code: 0, want: "ok\n"},
 		{name: "raw body with a changed byte", args: []string{"-signature", sig, filepath.Join(dir, "changed")}, code: 1, want: "brama: signature mismatch\n"},
 		{name: "malformed signature", args: []string{"-signature", "v2=00", filepath.Join(dir, "body")}, code: 2},
+		{name: "an answer in progress", args: []string{filepath.Join(dir, "open.json")}, code: 1,
+			want: "brama: " + filepath.Join(dir, "open.json") + ": the answer is still in progress; there is no signature to check\n"},
+		{name: "a raw body without -signature", args: []string{filepath.Join(dir, "body")}, code: 1,
+			want: "brama: " + filepath.Join(dir, "body") + `: not a kept answer: kept answer: json: unknown field "id"` + "\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, errOut, code := runCLI(t, env, "", append([]string{"answers", "verify"}, tc.args...)...)

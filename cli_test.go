@@ -4,6 +4,10 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -44,6 +48,8 @@ func TestParseImportFile(t *testing.T) {
 		{name: "negative expiry", provider: "claude-code", file: `{"claudeAiOauth":{"accessToken":"a","refreshToken":"r","expiresAt":-5}}`, wantErr: "negative"},
 		{name: "expiry not a number", provider: "claude-code", file: `{"claudeAiOauth":{"accessToken":"a","refreshToken":"r","expiresAt":"soon"}}`, wantErr: "expiresAt"},
 		{name: "not JSON, token not quoted", provider: "codex", file: `{"tokens":{"access_token":"sk-secret-0123456789" "x"}}`, wantErr: "syntax error at byte"},
+		{name: "token not a string, not quoted", provider: "claude-code", file: `{"claudeAiOauth":{"accessToken":90123456789,"refreshToken":"r"}}`,
+			wantErr: "member claudeAiOauth.accessToken is not a string"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -52,7 +58,7 @@ func TestParseImportFile(t *testing.T) {
 				if err == nil || !errors.Is(err, errImportFile) || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err = %v, want errImportFile naming %q", err, tc.wantErr)
 				}
-				if strings.Contains(err.Error(), "sk-secret") {
+				if strings.Contains(err.Error(), "sk-secret") || strings.Contains(err.Error(), "90123456789") {
 					t.Errorf("the error quotes a token: %v", err)
 				}
 				return
@@ -138,6 +144,9 @@ func TestCommandTable(t *testing.T) {
 				!strings.Contains(out, c.purpose) || !strings.HasSuffix(out, "example:\n  "+c.example+"\n") {
 				t.Errorf("-h: exit %d, stderr %q, stdout %q; want exit 0 and usage, purpose, flags, example on stdout", code, errOut, out)
 			}
+			if hasFlags := strings.Contains(out, "\n\nflags:\n"); hasFlags != (len(c.flags) > 0) {
+				t.Errorf("-h prints a flags: heading %v, want it exactly when the command has flags: %q", hasFlags, out)
+			}
 			for _, f := range c.need {
 				if !strings.Contains(out, "  -"+f+" ") {
 					t.Errorf("-h names no required -%s: %q", f, out)
@@ -165,5 +174,77 @@ func TestCommandTable(t *testing.T) {
 		if out, _, code := runCLI(t, env, "", arg); code != 0 || out != "brama "+health.Version+"\n" {
 			t.Errorf("brama %s: exit %d %q; want the version /health reports, %q", arg, code, out, health.Version)
 		}
+	}
+}
+
+// TestCLIRefusals: `brama` alone prints the list as a usage error; a run function's usage error names its
+// command's help; a refusal prints its cause and nothing on stdout (no table of a file that cannot be read, no
+// "removed 0" without a state directory); a bad -older-than removes nothing.
+func TestCLIRefusals(t *testing.T) {
+	env := stateEnv(t)
+	help, _, _ := runCLI(t, env, "", "help")
+	if !strings.HasPrefix(help, "usage: brama COMMAND [flags] [arguments]; brama COMMAND -h prints its flags and an example\n\n  serve ") {
+		t.Errorf("brama help = %q, want the usage line, a blank line, then the commands", help)
+	}
+	broken := filepath.Join(t.TempDir(), "broken.json")
+	os.WriteFile(broken, []byte("{"), 0o600)
+	for _, f := range []string{"BRAMA_CLIENTS_FILE", "BRAMA_ROUTES_FILE", "BRAMA_VAULT_FILE"} {
+		env[f] = broken
+	}
+	prune := "brama answers prune: want a -older-than of zero or more (a duration such as 720h); see brama answers prune -h\n"
+	signIn := []string{"subscription", "sign-in", "-agent", "a1", "-provider"}
+	for _, tc := range []struct {
+		env            map[string]string
+		args           []string
+		code           int
+		stderr, suffix string // stderr exactly, or ending in suffix
+	}{
+		{env: env, args: nil, code: 2, stderr: help + "brama: want a command\n"},
+		{env: env, args: []string{"answers", "prune", "-older-than", "a while"}, code: 2, stderr: prune},
+		{env: env, args: []string{"answers", "prune", "-older-than", "-1h"}, code: 2, stderr: prune},
+		{env: map[string]string{}, args: []string{"answers", "prune", "-older-than", "1h"}, code: 1,
+			stderr: "brama: signed answers has no state directory: $HOME is not defined\n"},
+		{env: env, args: append(signIn, "kimi"), code: 2, stderr: `brama subscription sign-in: -provider "kimi" has no sign-in (claude-code or codex); ` +
+			"donate its grant or replace it with PUT …/credential; see brama subscription sign-in -h\n"},
+		{env: env, args: append(signIn, "codex", "-id", "sub_0123456789abcdef", "-label", "laptop"), code: 2,
+			stderr: "brama subscription sign-in: -label names a new subscription; with -id the subscription keeps its label; see brama subscription sign-in -h\n"},
+		{env: env, args: []string{"clients", "list"}, code: 1, stderr: "brama: clients file: EOF\n"},
+		{env: env, args: []string{"deployments", "list"}, code: 1, suffix: "\nbrama: registry: EOF\n"}, // after the warning
+		{env: env, args: []string{"credentials", "list"}, code: 1, stderr: "brama: vault: EOF\n"},
+	} {
+		out, errOut, code := runCLI(t, tc.env, "", tc.args...)
+		if code != tc.code || out != "" || tc.stderr != "" && errOut != tc.stderr || !strings.HasSuffix(errOut, tc.suffix) {
+			t.Errorf("brama %q: exit %d, stdout %q, stderr %q; want exit %d, no stdout, stderr %q%q",
+				tc.args, code, out, errOut, tc.code, tc.stderr, tc.suffix)
+		}
+	}
+}
+
+// TestSubscriptionListTable: a row's USED is its fullest window's fraction (marked when the row is stale), "-"
+// without windows; the agent is sent as one escaped path segment, whatever it holds.
+func TestSubscriptionListTable(t *testing.T) {
+	asked := make(chan string, 2)
+	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked <- r.RequestURI
+		w.Write([]byte(`{"subscriptions":[
+			{"id":"sub_1","provider":"claude-code","status":"active","label":"laptop","credential":{"state":"active"},"stale":true,
+			 "windows":[{"id":"anthropic:5h","used_fraction":0.8},{"id":"anthropic:7d","used_fraction":0.25}]},
+			{"id":"sub_2","provider":"codex","status":"active","windows":[{"id":"codex:5h","used_fraction":0.5}]},
+			{"id":"sub_3","provider":"kimi","status":"retired","credential":{"state":"disabled"},"windows":[]}]}`))
+	}))
+	defer gw.Close()
+	out, errOut, code := runCLI(t, map[string]string{"BRAMA_TOKEN": "brama_t"}, "", "subscription", "list", "-agent", "a1/x?y", "-gateway", gw.URL)
+	want := "ID     PROVIDER     STATUS   CREDENTIAL  USED         LABEL\n" +
+		"sub_1  claude-code  active   active      80% (stale)  laptop\n" +
+		"sub_2  codex        active   -           50%          -\n" +
+		"sub_3  kimi         retired  disabled    -            -\n" +
+		"3 subscription(s), 1 retired\n"
+	if code != 0 || out != want {
+		t.Errorf("exit %d, stderr %q, stdout:\n%s\nwant:\n%s", code, errOut, out, want)
+	}
+	if len(asked) != 1 {
+		t.Fatalf("the gateway was asked %d times, want once", len(asked))
+	} else if uri := <-asked; uri != "/v1/admin/subscriptions/a1%2Fx%3Fy" {
+		t.Errorf("the gateway was asked for %q, want the agent as one escaped segment", uri)
 	}
 }

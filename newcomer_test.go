@@ -284,6 +284,14 @@ func TestDeploymentsCLI(t *testing.T) {
 	if out := ok("", "deployments", "list"); strings.Contains(out, "qwen-local") || !strings.Contains(out, "tailnet") {
 		t.Errorf("after rm:\n%s", out)
 	}
+	routes := filepath.Join(env["BRAMA_STATE_DIR"], "routes.json") // adapters are declared in the file only
+	os.WriteFile(routes, []byte(`{"schema_version":1,"deployments":[{"name":"tailnet","endpoint":{"host":"100.64.0.7","port":8000},`+
+		`"adapters":[{"name":"lora-a"},{"name":"lora-b"}]}],"routes":{}}`), 0o600)
+	want = "NAME     ENDPOINT                   MODEL    ADAPTERS\n" +
+		"tailnet  http://100.64.0.7:8000/v1  tailnet  lora-a,lora-b\n"
+	if out := ok("", "deployments", "list"); out != want {
+		t.Errorf("list with adapters:\n%s\nwant:\n%s", out, want)
+	}
 }
 
 // TestCredentialsAndClientsList: the lists name providers and clients,
