@@ -33,10 +33,8 @@ func (e *engine) serveChat(ctx context.Context, w http.ResponseWriter, req *call
 		w.Header().Set("Brama-Route", c.res.Route)
 		p, attempts, model := c.res.Provider, e.t.attempts, cmp.Or(e.route, req.head.Model)
 		e.t.route = c.res.Route
-		pass, tr := !req.translates(p), chatRequest{}
-		if pass {
-			model = c.res.Model // a passthrough stream names the provider's model
-		} else if tr = *req.sent; len(tr.Dropped) > 0 { // SPEC §7.6: nothing is dropped silently
+		pass, tr := !req.translates(p), valueOr(req.sent, chatRequest{})
+		if !pass && len(tr.Dropped) > 0 { // SPEC §7.6: nothing is dropped silently; tr and model serve translation only
 			w.Header().Set("Brama-Dropped", headerText(strings.Join(tr.Dropped, ", ")))
 			e.t.dropped = tr.Dropped
 		}

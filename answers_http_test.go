@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -124,6 +125,9 @@ func TestSignedAnswerOneSpend(t *testing.T) {
 	stateDir := env["BRAMA_STATE_DIR"]
 	assertOwnerOnly(t, filepath.Join(stateDir, "answers"))
 	assertOwnerOnly(t, filepath.Join(stateDir, "answer-key"))
+	if k, err := os.ReadFile(filepath.Join(stateDir, "answer-key")); err != nil || len(k) != 32 || bytes.Equal(k, make([]byte, 32)) {
+		t.Errorf("answer key %x (%v), want 32 random bytes (SPEC §2)", k, err)
+	}
 	assertNoSecret(t, answerPromptMarker, logsBesidesFirstStart(d.stderr.String()), stateDir)
 	kept := answerFile(env, "local", key)
 	raw, err := os.ReadFile(kept)
@@ -336,6 +340,11 @@ func TestSignedAnswerRefusals(t *testing.T) {
 			if n := fake.calls.Load(); n != tc.wantCalls {
 				t.Errorf("provider calls = %d, want %d", n, tc.wantCalls)
 			}
+			id := second.hdr.Get("X-Request-Id") // a replayed refusal's log line names its code, as the first's
+			d.stderr.waitFor(t, `"msg":"request","request_id":"`+id)
+			if line := requestLine(t, d.stderr.String(), "request_id", id); line["outcome"] != tc.wantCode || line["retryable"] != !tc.kept {
+				t.Errorf("second request's log line: outcome %v retryable %v, want %s %v", line["outcome"], line["retryable"], tc.wantCode, !tc.kept)
+			}
 		})
 	}
 }
@@ -513,6 +522,30 @@ func TestSignedAnswerUnkept(t *testing.T) {
 	}
 	if n := fake.calls.Load(); n != 1 {
 		t.Errorf("provider calls = %d, want 1", n)
+	}
+	if line := `"msg":"answer_unkept","request_id":"` + first.hdr.Get("X-Request-Id"); !strings.Contains(d.stderr.String(), line) {
+		t.Errorf("no answer_unkept line (REFERENCE.md) for the first request:\n%s", d.stderr.String())
+	}
+}
+
+// TestSignedAnswerReleaseFailed: a retryable refusal releases its key; when
+// the record cannot be removed (here a non-empty directory stands in its
+// place) the failure is logged answer_release_failed (AUTHORIZATION.md).
+func TestSignedAnswerReleaseFailed(t *testing.T) {
+	var record atomic.Value // the reservation's path, known once the daemon runs
+	d, _, env := startAnswers(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		os.Remove(record.Load().(string))
+		os.MkdirAll(filepath.Join(record.Load().(string), "in-the-way"), 0o700)
+		http.Error(w, `{"error":{"type":"server_error","message":"busy"}}`, 500)
+	})
+	record.Store(answerFile(env, "local", "k-release"))
+	res := postAnswer(d, "k-release", answerBody("x"))
+	if e := envelopeOf(t, res.body); e["code"] != "dependency_unavailable" || e["retryable"] != true {
+		t.Fatalf("got %d %s, want the retryable refusal", res.status, res.body)
+	}
+	d.stderr.waitFor(t, `"msg":"request","request_id":"`+res.hdr.Get("X-Request-Id"))
+	if line := `"msg":"answer_release_failed","request_id":"` + res.hdr.Get("X-Request-Id"); !strings.Contains(d.stderr.String(), line) {
+		t.Errorf("no answer_release_failed line for the request:\n%s", d.stderr.String())
 	}
 }
 

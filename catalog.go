@@ -234,9 +234,7 @@ func parseCatalog(b []byte, readErr error) (catalogData, error) {
 				}
 			}
 			for _, s := range []*[]string{&m.Modalities.Input, &m.Modalities.Output} { // what was not a string decoded as ""
-				if *s = slices.DeleteFunc(*s, func(x string) bool { return x == "" }); len(*s) == 0 {
-					*s = nil
-				}
+				*s = slices.DeleteFunc(*s, func(x string) bool { return x == "" })
 			}
 			m.ID = id
 			out[vendor].Models[id] = m

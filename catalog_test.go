@@ -185,6 +185,7 @@ func TestParseCatalog(t *testing.T) {
 		{name: "provider not an object", in: `{"a":[1]}`, wantErr: true},
 		{name: "provider null", in: `{"a":null}`, wantErr: true},
 		{name: "no models", in: `{"a":{"id":"a"}}`, want: catalogData{"a": {map[string]modelInfo{}}}},
+		{name: "a vendor named empty is left out (a provider without a vendor lists none)", in: `{"":{"models":{"m":{}}}}`, want: catalogData{}},
 		{name: "models not an object", in: `{"a":{"models":[1,2]}}`, want: catalogData{"a": {map[string]modelInfo{}}}},
 		{
 			name: "all fields, unknown ones ignored",
@@ -549,6 +550,25 @@ func TestCatalogCache(t *testing.T) {
 	empty := newCatalog(state{dir: t.TempDir()}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_URL": "off"}), http.DefaultClient, quietLog(), time.Now)
 	if data, why := empty.current(); data != nil || why != "the model catalogue is unavailable: live reads are off (BRAMA_MODEL_CATALOG_URL=off) and there is no cached copy" {
 		t.Errorf("off without a cache: current = %v, %q", data, why)
+	}
+}
+
+// TestCatalogCacheWriteFailed: a good read that cannot be kept in the cache (here a non-empty directory
+// stands in its place) still settles memory, and is logged model_metadata_cache_write_failed (AUTHORIZATION.md).
+func TestCatalogCacheWriteFailed(t *testing.T) {
+	stateDir := t.TempDir()
+	os.MkdirAll(filepath.Join(stateDir, "model-metadata.json", "in-the-way"), 0o700)
+	cs := newCatalogServer(t, catalogFixture(t), nil, nil)
+	var logs catalogLogs
+	c := newCatalog(state{dir: stateDir}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_URL": cs.srv.URL}), cs.srv.Client(), logs.logger(), newCatalogClock().now)
+	wait, stop := startCatalog(t, c)
+	wait()
+	stop()
+	if n, cause := outputLimit(c, "codex", "gpt-5"); n != 128000 {
+		t.Errorf("outputLimit from memory = %d, %q; want 128000", n, cause)
+	}
+	if lines := logs.lines(t, "model_metadata_cache_write_failed"); len(lines) != 1 {
+		t.Errorf("%d model_metadata_cache_write_failed lines, want 1", len(lines))
 	}
 }
 

@@ -107,6 +107,13 @@ func TestParseChatCompletions(t *testing.T) {
 				{Type: partImage, URL: "https://x/a.png"}, {Type: partToolCall, ToolCallID: "c", ToolName: "f", Arguments: "{}"}}}}},
 		},
 		{
+			name: "stop as one sequence; unknown members of a message and of a tool named (SPEC §7.6)",
+			body: `{"model":"m","messages":[{"role":"user","content":"q","name":"bob"}],"stop":"END",
+				"tools":[{"type":"function","function":{"name":"f"},"cache_control":{"type":"ephemeral"}}]}`,
+			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")}, Stop: []string{"END"}, StopName: "stop",
+				Tools: []tool{{Type: toolFunction, Name: "f"}}, Dropped: []string{"name", "cache_control"}},
+		},
+		{
 			name: "a tool of another type is named by its type",
 			body: `{"model":"m","messages":[{"role":"user","content":"q"}],"tools":[{"type":"web_search"},{"function":{"name":"f"}}]}`,
 			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")}, Dropped: []string{"web_search", "tools"}},

@@ -77,6 +77,9 @@ func TestCountTokens(t *testing.T) {
 		if h.Get("Brama-Estimate") != "true" || chat.count() != 0 {
 			t.Errorf("Brama-Estimate %q, %d provider calls; want true and none", h.Get("Brama-Estimate"), chat.count())
 		}
+		if got := h.Get("Brama-Route"); got != "openai/gpt-test" { // REFERENCE: an estimate names the resolved route
+			t.Errorf("Brama-Route %q, want openai/gpt-test", got)
+		}
 	})
 	t.Run("refusals before any call", func(t *testing.T) {
 		for _, bad := range []string{`{"messages":[]}`, `{"model":"nobody/x"}`, `not json`} {

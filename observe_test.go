@@ -265,6 +265,11 @@ func TestReadyzNamesAnUnusableAnswerKey(t *testing.T) {
 	if status, _, body := d.call("GET", "/readyz", "", ""); status != 200 {
 		t.Errorf("/readyz after the answer key was repaired: %d %s", status, body)
 	}
+	os.WriteFile(key, bytes.Repeat([]byte{7}, 16), 0o600) // SPEC §2: 32 raw bytes; a short key does not parse
+	status, _, body = d.call("GET", "/readyz", "", "")
+	if rd = (readiness{}); json.Unmarshal(body, &rd) != nil || status != 503 || !strings.Contains(strings.Join(rd.Reasons, "\n"), "answer key") {
+		t.Errorf("/readyz with a 16-byte answer key: %d %s, want 503 naming it", status, body)
+	}
 }
 
 // BRAMA_STATE_DIR written with a trailing slash (as env files often have it)

@@ -249,6 +249,11 @@ func TestReplayGuardOff(t *testing.T) {
 	if n := fake.calls.Load(); n != 2 {
 		t.Errorf("provider calls = %d, want 2 with the guard off", n)
 	}
+	g := newReplayGuard(testEnv(env), nil, time.Now) // off keeps nothing, not even until the next request
+	refuseOnce(g, "c", rawBody(t, body), "no")
+	if len(g.refused) != 0 || len(g.queue) != 0 {
+		t.Errorf("an off guard holds %d refusals", len(g.refused))
+	}
 }
 
 // TestReplayGuardForgets: the guard keeps one entry per refusal in the
@@ -334,6 +339,8 @@ func TestReplayKey(t *testing.T) {
 		{name: "client_metadata moved", than: meta, body: `{"client_metadata":{"session_id":"s","turn_id":"t"},"model":"m","input":"hi","stream":true}`, same: true, looseSame: true},
 		{name: "client_metadata changed", than: meta, body: `{"model":"m","client_metadata":{"session_id":"s","turn_id":"u"},"input":"hi"}`},
 		{name: "client_metadata absent", than: meta, body: `{"model":"m","input":"hi"}`},
+		{name: "client_metadata key renamed", than: meta, body: `{"model":"m","client_metadata":{"session_id":"s","turn":"t"},"input":"hi"}`},
+		{name: "client_metadata not an object", than: `{"model":"m","client_metadata":"a","input":"hi"}`, body: `{"model":"m","client_metadata":"b","input":"hi"}`},
 	}
 	for _, tt := range tests {
 		for _, loose := range []bool{false, true} {

@@ -128,6 +128,9 @@ func TestCutStreamRecordsTheUsageReported(t *testing.T) {
 			if line["input_tokens"] != 40.0 || line["output_tokens"] != 1.0 || line["outcome"] != "provider_incomplete" {
 				t.Errorf("log line %v; want the 40 input and 1 output tokens message_start reported", line)
 			}
+			if !strings.Contains(d.stderr.String(), `"msg":"stream_failed_after_commit","request_id":"`+id+`","code":"provider_incomplete"`) {
+				t.Errorf("no stream_failed_after_commit line (AUTHORIZATION.md) for %s with its code:\n%s", id, d.stderr.String())
+			}
 		})
 	}
 }

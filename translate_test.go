@@ -198,6 +198,12 @@ func TestTranslationAcrossFormats(t *testing.T) {
 			wantDropped:  "logit_bias, web_search",
 		},
 		{
+			name: "a call without arguments toward chat gets {}, as OpenAI writes none", path: "/v1/responses", provider: "openai",
+			body: `{"model":"openai/gpt-test","input":[{"role":"user","content":"q"},{"type":"function_call","call_id":"c","name":"f"},
+				{"type":"function_call_output","call_id":"c","output":"r"}],"tools":[{"type":"function","name":"f","parameters":{"type":"object"}}]}`,
+			wantUpstream: map[string]string{"messages[1].tool_calls[0].function.arguments": `"{}"`},
+		},
+		{
 			name: "chat stop and custom tool toward responses", path: "/v1/chat/completions", provider: "openai-responses",
 			body: `{"model":"openai-responses/gpt-test","messages":[{"role":"user","content":[{"type":"text","text":"q"},{"type":"file","file":{"file_data":"data:application/pdf;base64,JVBE","filename":"a.pdf"}}]}],
 				"stop":["END"],"top_p":0.5,"seed":7,"reasoning_effort":"low","tools":[{"type":"custom","custom":{"name":"apply_patch","format":{"type":"text"}}}]}`,
