@@ -265,6 +265,7 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 			cut(refuse("internal_error", "the answer failed inside Brama after a provider call started"))
 		case calls > 0 && context.Cause(ctx) == errServerShutdown: // a stopped process's answer (item 2)
 			cut(refuse("internal_error", abandonedMessage))
+			c.t.outcome = "server_shutdown" // as every request a second stop signal cuts is logged
 		case calls > 0 && ctx.Err() != nil:
 			cut(refuse("client_cancelled", "the caller hung up after a provider call started"))
 		case panicked, ctx.Err() != nil, rec.HeaderMap.Get("X-Should-Retry") == "true", !dispatched: // released

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -495,6 +496,9 @@ func TestSignedAnswerCutByShutdown(t *testing.T) {
 	}
 	if fake.calls.Load() != 1 {
 		t.Errorf("provider calls = %d, want 1", fake.calls.Load())
+	}
+	if logs := d.stderr.String(); !regexp.MustCompile(`"msg":"request",[^\n]*"outcome":"server_shutdown"`).MatchString(logs) {
+		t.Errorf("no request log line with outcome server_shutdown (REFERENCE: a second stop signal's cut):\n%s", logs)
 	}
 }
 
