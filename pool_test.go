@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -678,4 +679,91 @@ func oneCandidateDaemon(t *testing.T, provider, route string) (d *daemon, env ma
 	}
 	tok, _ = agentWithSubs(t, d, "a1", provider, provider+"-1")
 	return d, env, fake, tok
+}
+
+// TestPoolOrder pins SPEC §7.2.2 over real HTTP with a claude-code fake that records the key each call carried and
+// states each key's 5-hour window: lower fullness first, the pinned subscription (the last to serve) first among equals
+// until its window resets, ties in overlay order; each call is the subscription's measured use (§10.3); and a
+// credential not active is no member of the pool, so any's provider order (§7.3) is its eligible ones' fullness.
+func TestPoolOrder(t *testing.T) {
+	clock := &testClock{t: time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)}
+	testingOnlyNow = clock.now
+	t.Cleanup(func() { testingOnlyNow = nil })
+	reset := clock.now().Add(3 * time.Hour) // the fake states every window's reset 3 h after its answer
+	used := map[string]string{"key-a": "0.5", "key-b": "0.2", "key-c": "0.2", "key-y": "0.5"}
+	var mu sync.Mutex
+	var seen []string
+	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		key := cmp.Or(r.Header.Get("x-api-key"), strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer "))
+		mu.Lock()
+		seen = append(seen, key)
+		mu.Unlock()
+		switch {
+		case key == "key-x":
+			http.Error(w, `{"type":"error","error":{"type":"authentication_error","message":"bad key"}}`, 401)
+		case strings.HasPrefix(key, "kimi"):
+			io.WriteString(w, protocolFixtures[0].buffered)
+		default:
+			w.Header().Set("anthropic-ratelimit-unified-5h-utilization", used[key])
+			w.Header().Set("anthropic-ratelimit-unified-5h-reset", fmt.Sprint(clock.now().Add(3*time.Hour).Unix()))
+			io.WriteString(w, protocolFixtures[1].buffered)
+		}
+	})
+	calls := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		defer func() { seen = nil }()
+		return seen
+	}
+	env := stateEnv(t)
+	env["BRAMA_REPLAY_GUARD_SECS"] = "0"
+	env["BRAMA_PROVIDER_CLAUDE_CODE_BASE_URL"], env["BRAMA_PROVIDER_KIMI_BASE_URL"] = fake.URL, fake.URL
+	d := startDaemon(t, env, "")
+	tok, ids := agentWithSubs(t, d, "a1", "claude-code", "key-a", "key-b", "key-c")
+	route := chatBody(dialectMessages, "claude-code/claude-test", false, "")
+	for i, want := range []string{"key-a", "key-b", "key-c", "key-c"} { // a .5; then b, c unread (0); then c, b equal: c pinned
+		if s, _, b := d.call("POST", "/v1/messages", tok, route); s != 200 {
+			t.Fatalf("request %d: %d %s", i+1, s, b)
+		}
+		if got := calls(); !slices.Equal(got, []string{want}) {
+			t.Errorf("request %d called %v, want %s", i+1, got, want)
+		}
+	}
+	_, _, b := d.call("GET", "/v1/admin/subscriptions/a1", d.token, "")
+	var listing struct {
+		Subscriptions []struct {
+			ID       string         `json:"id"`
+			Measured ledgerMeasured `json:"measured"`
+		} `json:"subscriptions"`
+	}
+	if err := json.Unmarshal(b, &listing); err != nil || len(listing.Subscriptions) != 3 {
+		t.Fatalf("listing: %v %s", err, b)
+	}
+	for _, s := range listing.Subscriptions {
+		n := int64(map[string]int{ids[0]: 1, ids[1]: 1, ids[2]: 2}[s.ID])
+		if m := s.Measured; m.Requests != n || m.Failures != 0 || m.InputTokens != 40*n || m.OutputTokens != 42*n {
+			t.Errorf("%s measured %+v, want %d requests of 40 input and 42 output tokens, no failure", s.ID, m, n)
+		}
+	}
+	clock.set(reset.Add(time.Minute)) // every window and the pin are over: overlay order again
+	if s, _, b := d.call("POST", "/v1/messages", tok, route); s != 200 || !slices.Equal(calls(), []string{"key-a"}) {
+		t.Errorf("after the reset: %d %s, want key-a (overlay order; the pin on key-c ended with its window)", s, b)
+	}
+
+	// any: claude-code's freest eligible subscription is y (.5), kimi's is unread (0): kimi goes first, though x (not
+	// active since its 401, never read) would put claude-code first by provider id
+	tok2, _ := agentWithSubs(t, d, "a2", "claude-code", "key-x", "key-y")
+	donate(t, d, "a2", "kimi", "kimi-1")
+	for _, put := range []string{`{"alias":"c1","route":"claude-code/cc-a"}`, `{"alias":"k1","route":"kimi/km-a"}`} {
+		if s, _, b := d.call("PUT", "/v1/admin/routes", d.token, put); s != 200 {
+			t.Fatalf("PUT %s: %d %s", put, s, b)
+		}
+	}
+	if s, _, b := d.call("POST", "/v1/messages", tok2, route); s != 200 || !slices.Equal(calls(), []string{"key-x", "key-y"}) {
+		t.Fatalf("x refuses, y serves: %d %s", s, b)
+	}
+	if s, _, b := d.call("POST", "/v1/messages", tok2, chatBody(dialectMessages, "any", false, "")); s != 200 ||
+		!slices.Equal(calls(), []string{"kimi-1"}) {
+		t.Errorf("any: %d %s, want kimi-1 called first (claude-code's eligible pool is y alone, .5 used)", s, b)
+	}
 }
