@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -130,8 +131,10 @@ func TestACredentialMarkedDuringAWalkIsNotCalled(t *testing.T) {
 	})
 	fake.set("key-a", answer401)
 	first := make(chan int)
+	var firstBody []byte // written before first is sent
 	go func() {
-		s, _, _ := d.call("POST", "/v1/chat/completions", tok, body)
+		s, _, b := d.call("POST", "/v1/chat/completions", tok, body)
+		firstBody = b
 		first <- s
 	}()
 	<-arrived
@@ -141,6 +144,18 @@ func TestACredentialMarkedDuringAWalkIsNotCalled(t *testing.T) {
 	close(release)
 	if s := <-first; s != 429 {
 		t.Errorf("first request: %d, want 429 from b, a skipped", s)
+	}
+	_, _, b := d.call("GET", "/v1/admin/subscriptions/ag", d.token, "")
+	var listing struct {
+		Subscriptions []struct{ ID string } `json:"subscriptions"`
+	}
+	if err := json.Unmarshal(b, &listing); err != nil || len(listing.Subscriptions) != 2 {
+		t.Fatalf("listing: %v %s", err, b)
+	}
+	a, bID := listing.Subscriptions[0].ID, listing.Subscriptions[1].ID // overlay order: key-a, key-b
+	want := "the provider refused for rate: " + bID + ": rate limited: slow down; " + a + ": credential refused meanwhile; sign in again"
+	if got := envelopeOf(t, firstBody)["message"]; got != want { // SPEC §7.2.5: every skip named
+		t.Errorf("first request's message = %q, want %q", got, want)
 	}
 	if n := fake.count("key-a"); n != 2 { // its 429 at the start, its 401 to the second request
 		t.Errorf("a was called %d times, want 2; once marked needs_reauthorization it is never called again", n)

@@ -312,8 +312,7 @@ func TestSelectorSkipsAProviderWhosePoolRefused(t *testing.T) {
 		}
 	}
 	later := time.Now().Add(time.Hour).UnixMilli()
-	donateGrant(t, d, "acc-one", "ref-one", later)
-	donateGrant(t, d, "acc-two", "ref-two", later)
+	one, two := donateGrant(t, d, "acc-one", "ref-one", later), donateGrant(t, d, "acc-two", "ref-two", later)
 
 	status, hdr, body := d.call("POST", "/v1/messages", tok, chatBody(dialectMessages, "any", false, ""))
 	seen := calls()
@@ -322,6 +321,11 @@ func TestSelectorSkipsAProviderWhosePoolRefused(t *testing.T) {
 	}
 	if e := envelopeOf(t, body); status == 200 || e["attempts"] != float64(2) || hdr.Get("Brama-Attempts") != "2" {
 		t.Errorf("any: %d %s (Brama-Attempts %q), want a refusal after 2 calls", status, body, hdr.Get("Brama-Attempts"))
+	}
+	want := "the provider refused for rate: claude-code/cc-a: " + one + " rate limited: slow; claude-code/cc-a: " + two +
+		` refused the access token; refreshed; claude-code/cc-b: skipped: no "claude-code" subscription left (none usable, or every one refused already)`
+	if got := envelopeOf(t, body)["message"]; got != want { // SPEC §7.3: the skipped candidate is named
+		t.Errorf("message = %q, want %q", got, want)
 	}
 	if n := tokenEndpoint.calls.Load(); n != 1 {
 		t.Errorf("token endpoint calls = %d, want 1 (the 401 refreshed acc-two)", n)
@@ -765,5 +769,89 @@ func TestPoolOrder(t *testing.T) {
 	if s, _, b := d.call("POST", "/v1/messages", tok2, chatBody(dialectMessages, "any", false, "")); s != 200 ||
 		!slices.Equal(calls(), []string{"kimi-1"}) {
 		t.Errorf("any: %d %s, want kimi-1 called first (claude-code's eligible pool is y alone, .5 used)", s, b)
+	}
+}
+
+// TestAGrantRefreshedThenRefusedIsMarked: an expired grant is refreshed before its call (SPEC §7.2.3); a 401 on the
+// refreshed token then marks it needs_reauthorization (§7.2.4: refreshed in this request), with no second refresh and
+// no second call on it.
+func TestAGrantRefreshedThenRefusedIsMarked(t *testing.T) {
+	provider, calls := tokenRecorder(t, func(w http.ResponseWriter, tok string) {
+		http.Error(w, `{"type":"error","error":{"type":"authentication_error","message":"invalid bearer token"}}`, 401)
+	})
+	tokenEndpoint := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		io.WriteString(w, `{"access_token":"acc-new","refresh_token":"ref-new","expires_in":3600}`)
+	})
+	d, tok := oauthSetup(t, provider, tokenEndpoint)
+	id := donateGrant(t, d, "acc-old", "ref-old", time.Now().Add(-time.Hour).UnixMilli())
+	status, _, body := d.call("POST", "/v1/messages", tok, chatBody(dialectMessages, "claude-code/claude-test", false, ""))
+	if e := envelopeOf(t, body); status != 503 || e["code"] != "subscription_reauthorization_required" || e["attempts"] != float64(1) {
+		t.Errorf("%d %s, want 503 subscription_reauthorization_required after 1 call", status, body)
+	}
+	if seen, n := calls(), tokenEndpoint.calls.Load(); !slices.Equal(seen, []string{"acc-new"}) || n != 1 {
+		t.Errorf("provider saw %v, token endpoint %d calls; want acc-new once after one refresh", seen, n)
+	}
+	if got := credentialStateOf(t, d, "a1", id); got != "needs_reauthorization" {
+		t.Errorf("credential state = %q, want needs_reauthorization", got)
+	}
+}
+
+// TestSubscriptionRouteWithAnUnreadableVault: a vault that became unreadable after the donation answers a subscription
+// route 503 credential_unauthorized (SPEC §2.2), with no provider call: never a call without its credential.
+func TestSubscriptionRouteWithAnUnreadableVault(t *testing.T) {
+	env := stateEnv(t)
+	fake := newKeyedFake(t, map[string]string{"kimi-1": "200"})
+	env["BRAMA_PROVIDER_KIMI_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, "")
+	tok, _ := agentWithSubs(t, d, "a1", "kimi", "kimi-1")
+	vault := `{"schema_version":2,"direct":{},"subscriptions":{}}`
+	if err := os.WriteFile(filepath.Join(env["BRAMA_STATE_DIR"], "vault.json"), []byte(vault), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	status, _, body := d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "kimi/k2-test", false, ""))
+	if e := envelopeOf(t, body); status != 503 || e["code"] != "credential_unauthorized" || fake.total() != 0 {
+		t.Errorf("vault of schema 2: %d %s after %d calls, want 503 credential_unauthorized and no call", status, body, fake.total())
+	}
+}
+
+// TestSelectorCandidatesTakeTheirOwnOutputLimit: a selector's candidate without the caller's max_tokens gets its own
+// model's output limit (SPEC §6.4, §7.3), not the limit an earlier candidate was sent.
+func TestSelectorCandidatesTakeTheirOwnOutputLimit(t *testing.T) {
+	env := stateEnv(t)
+	var mu sync.Mutex
+	var sent []string
+	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		var up struct {
+			Model     string `json:"model"`
+			MaxTokens int    `json:"max_tokens"`
+		}
+		json.Unmarshal(body, &up)
+		mu.Lock()
+		sent = append(sent, fmt.Sprint(up.Model, " ", up.MaxTokens))
+		mu.Unlock()
+		if up.Model == "cc-a" {
+			http.Error(w, `{"type":"error","error":{"type":"not_found_error","message":"no such model"}}`, 404)
+			return
+		}
+		io.WriteString(w, protocolFixtures[1].buffered)
+	})
+	env["BRAMA_PROVIDER_CLAUDE_CODE_BASE_URL"] = fake.URL
+	catalogue := filepath.Join(t.TempDir(), "models.json")
+	os.WriteFile(catalogue, []byte(`{"anthropic":{"models":{"cc-a":{"limit":{"output":111}},"cc-b":{"limit":{"output":222}}}}}`), 0o600)
+	env["BRAMA_MODEL_CATALOG_PATH"] = catalogue
+	d := startDaemon(t, env, "")
+	for _, put := range []string{`{"alias":"c1","route":"claude-code/cc-a"}`, `{"alias":"c2","route":"claude-code/cc-b"}`} {
+		if s, _, b := d.call("PUT", "/v1/admin/routes", d.token, put); s != 200 {
+			t.Fatalf("PUT %s: %d %s", put, s, b)
+		}
+	}
+	tok, _ := agentWithSubs(t, d, "a1", "claude-code", "key-1")
+	if s, _, b := d.call("POST", "/v1/chat/completions", tok, `{"model":"any","messages":[{"role":"user","content":"hi"}]}`); s != 200 {
+		t.Fatalf("any: %d %s", s, b)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"cc-a 111", "cc-b 222"}; !slices.Equal(sent, want) {
+		t.Errorf("the provider was sent %v, want %v (each candidate its own model's output limit)", sent, want)
 	}
 }
