@@ -16,9 +16,9 @@ import (
 )
 
 // keyedFake answers by the bearer key a call presents: "200", "401",
-// "429" (retry-after 120), "500", "400", "404" or "cut" (the connection is
-// closed after the request arrived). It counts calls per key and keeps the
-// order of (key, model) seen.
+// "429" (retry-after 120), "500", "400", "404", "cut" (the connection is
+// closed after the request arrived) or "429cut" (a 429 whose body is cut).
+// It counts calls per key and keeps the order of (key, model) seen.
 type keyedFake struct {
 	*fakeProvider
 	mu       sync.Mutex // guards behavior, calls, seen
@@ -62,6 +62,11 @@ func newKeyedFake(t *testing.T, behavior map[string]string) *keyedFake {
 			http.Error(w, `{"error":{"type":"invalid_request_error","message":"no such model"}}`, code)
 		case "cut":
 			if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+				conn.Close()
+			}
+		case "429cut": // a refusal whose body is cut: no refusal Brama can read
+			if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+				io.WriteString(conn, "HTTP/1.1 429 Too Many Requests\r\nContent-Length: 100\r\n\r\n{\"error\":")
 				conn.Close()
 			}
 		default:
@@ -122,14 +127,14 @@ func TestSubscriptionRouteTwoCredentials(t *testing.T) {
 		code   string // "" for success
 		calls  int
 	}
-	outcomes := []string{"200", "401", "429", "500", "cut"}
+	outcomes := []string{"200", "401", "429", "500", "cut", "429cut"}
 	expect := func(first, second string) want {
 		switch first {
 		case "200":
 			return want{200, "", 1}
 		case "500":
 			return want{503, "dependency_unavailable", 1}
-		case "cut":
+		case "cut", "429cut":
 			return want{502, "provider_incomplete", 1}
 		}
 		// first refused with a rotating class (401 or 429): the second is tried.
@@ -138,7 +143,7 @@ func TestSubscriptionRouteTwoCredentials(t *testing.T) {
 			return want{200, "", 2}
 		case "500":
 			return want{503, "dependency_unavailable", 2}
-		case "cut":
+		case "cut", "429cut":
 			return want{502, "provider_incomplete", 2}
 		}
 		if first == "429" || second == "429" { // §7.2.5 b before d
