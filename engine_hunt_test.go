@@ -243,7 +243,9 @@ func TestCodexInBandLimitBlocks(t *testing.T) {
 // TestSelectorSkipsACandidateThatCannotExpressTheRequest: JSON mode cannot
 // be expressed toward messages (SPEC §7.6), so a selector's messages
 // candidate is skipped without a call and the next candidate, which speaks
-// chat, serves it; only when no candidate can is the 400 the answer.
+// chat, serves it; only when no candidate can is the 400 the answer. When
+// the other candidates refuse, the message names the skipped one and why
+// (so too one skipped for want of a max_tokens, SPEC §6.4).
 func TestSelectorSkipsACandidateThatCannotExpressTheRequest(t *testing.T) {
 	fake := newKeyedFake(t, map[string]string{"ds-1": "200"})
 	never := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
@@ -269,6 +271,20 @@ func TestSelectorSkipsACandidateThatCannotExpressTheRequest(t *testing.T) {
 	s, h, b = d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "any", false, jsonMode))
 	if s != 200 || h.Get("Brama-Route") != "deepseek/ds-chat" || h.Get("Brama-Attempts") != "1" || never.calls.Load() != 0 {
 		t.Errorf("any with JSON mode: %d %s (route %q, attempts %q); want deepseek's answer after 1 call", s, b, h.Get("Brama-Route"), h.Get("Brama-Attempts"))
+	}
+	fake.set("ds-1", "404") // every candidate refused: the message names the skipped one and why (REFERENCE "Selectors")
+	s, _, b = d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "any", false, jsonMode))
+	want := "every candidate refused the request: anthropic/claude-x: skipped: structured output without a JSON Schema (JSON mode) " +
+		"cannot be expressed to an anthropic-messages provider; send a JSON Schema; deepseek/ds-chat: refused the request: no such model"
+	if e := envelopeOf(t, b); s != 404 || e["code"] != "provider_rejected" || e["message"] != want {
+		t.Errorf("every candidate refused: %d %s; want 404 provider_rejected with message %q", s, b, want)
+	}
+	s, _, b = d.call("POST", "/v1/chat/completions", tok, `{"model":"any","messages":[{"role":"user","content":"hi"}]}`)
+	want = "every candidate refused the request: anthropic/claude-x: skipped: max_tokens is required: the model's own limit is " +
+		"unknown (the model catalogue is unavailable: live reads are off (BRAMA_MODEL_CATALOG_URL=off) and there is no cached copy); " +
+		"deepseek/ds-chat: refused the request: no such model"
+	if e := envelopeOf(t, b); s != 404 || e["code"] != "provider_rejected" || e["message"] != want { // SPEC §6.4's skip named
+		t.Errorf("no max_tokens known for anthropic: %d %s; want 404 provider_rejected with message %q", s, b, want)
 	}
 }
 
