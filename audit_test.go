@@ -40,10 +40,13 @@ func TestAuthRefusalRefreshesWithoutDisablingTheGrant(t *testing.T) {
 		tokenStatus   int
 		wantState     string
 		wantTokenCall int64
+		wantNote      string // the exhausted message's reason for the second subscription ({url}: the token endpoint's)
 	}{
-		{"refresh succeeds", 200, "active", 1},
-		{"refresh transport failure", 502, "active", 1},
-		{"refresh refused", 400, "needs_reauthorization", 1},
+		{"refresh succeeds", 200, "active", 1, "refused the access token; refreshed"},
+		{"refresh transport failure", 502, "active", 1, "grant refresh failed: OAuth token POST {url}/v1/oauth/token: HTTP 502, " +
+			"12 bytes received: token endpoint answer is not a usable token answer: no 2xx JSON object with an access_token free of control characters"},
+		{"refresh refused", 400, "needs_reauthorization", 1,
+			"grant refresh failed: OAuth token POST {url}/v1/oauth/token: HTTP 400, 56 bytes received: revoked"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -75,11 +78,16 @@ func TestAuthRefusalRefreshesWithoutDisablingTheGrant(t *testing.T) {
 			})
 			d, tok := oauthSetup(t, provider, tokenEndpoint)
 			future := time.Now().Add(time.Hour).UnixMilli()
-			donateGrant(t, d, "acc-one", "ref-one", future)
+			first := donateGrant(t, d, "acc-one", "ref-one", future)
 			second := donateGrant(t, d, "acc-two", "ref-two", future)
 			status, _, body := d.call("POST", "/v1/messages", tok, chatBody(dialectMessages, "claude-code/claude-test", false, ""))
-			if e := envelopeOf(t, body); status != 429 || e["attempts"] != float64(2) {
+			e := envelopeOf(t, body)
+			if status != 429 || e["attempts"] != float64(2) {
 				t.Errorf("429 then 401: %d %s, want 429 provider_rate_limited after 2 calls", status, body)
+			}
+			note := strings.ReplaceAll(tc.wantNote, "{url}", tokenEndpoint.URL)
+			if want := "the provider refused for rate: " + first + ": rate limited: slow; " + second + ": " + note; e["message"] != want {
+				t.Errorf("message = %q, want %q", e["message"], want)
 			}
 			if n := tokenEndpoint.calls.Load(); n != tc.wantTokenCall {
 				t.Errorf("token endpoint calls = %d, want %d (the 401 on the last call still refreshes)", n, tc.wantTokenCall)

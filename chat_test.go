@@ -114,6 +114,14 @@ func TestParseChatCompletions(t *testing.T) {
 				Tools: []tool{{Type: toolFunction, Name: "f"}}, Dropped: []string{"name", "cache_control"}},
 		},
 		{
+			name: "a custom tool's result stays custom with its call (SPEC §7.6)",
+			body: `{"model":"m","messages":[{"role":"user","content":"q"},{"role":"assistant","tool_calls":[{"id":"c1","type":"custom","custom":{"name":"p","input":"x"}}]},
+				{"role":"tool","tool_call_id":"c1","content":"ok"}],"tools":[{"type":"custom","custom":{"name":"p"}}]}`,
+			want: chatRequest{Model: "m", Tools: []tool{{Type: toolCustom, Name: "p"}}, Messages: []message{dialectUserText("q"),
+				{Role: "assistant", Parts: []part{{Type: partToolCall, ToolCallID: "c1", ToolName: "p", Arguments: "x", Custom: true}}},
+				{Role: "user", Parts: []part{{Type: partToolResult, ToolCallID: "c1", Text: "ok", Custom: true}}}}},
+		},
+		{
 			name: "a tool of another type is named by its type",
 			body: `{"model":"m","messages":[{"role":"user","content":"q"}],"tools":[{"type":"web_search"},{"function":{"name":"f"}}]}`,
 			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")}, Dropped: []string{"web_search", "tools"}},
@@ -172,6 +180,7 @@ func TestParseChatCompletionsRefuses(t *testing.T) {
 		{"temperature string", `{"model":"m","messages":[` + u + `],"temperature":"hot"}`},
 		{"stream string", `{"model":"m","messages":[` + u + `],"stream":"yes"}`},
 		{"tool of another type", `{"model":"m","messages":[` + u + `],"tools":[{"type":"custom","function":{"name":"f"}}]}`},
+		{"tools not an array", `{"model":"m","messages":[` + u + `],"tools":{"type":"function","function":{"name":"f"}}}`},
 		{"tool without name", `{"model":"m","messages":[` + u + `],"tools":[{"type":"function","function":{}}]}`},
 		{"tool parameters array", `{"model":"m","messages":[` + u + `],"tools":[{"type":"function","function":{"name":"f","parameters":[]}}]}`},
 		{"tool_choice unknown", `{"model":"m","messages":[` + u + `],"tool_choice":"sometimes"}`},

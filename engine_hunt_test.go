@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -130,8 +131,10 @@ func TestACredentialMarkedDuringAWalkIsNotCalled(t *testing.T) {
 	})
 	fake.set("key-a", answer401)
 	first := make(chan int)
+	var firstBody []byte // written before first is sent
 	go func() {
-		s, _, _ := d.call("POST", "/v1/chat/completions", tok, body)
+		s, _, b := d.call("POST", "/v1/chat/completions", tok, body)
+		firstBody = b
 		first <- s
 	}()
 	<-arrived
@@ -141,6 +144,18 @@ func TestACredentialMarkedDuringAWalkIsNotCalled(t *testing.T) {
 	close(release)
 	if s := <-first; s != 429 {
 		t.Errorf("first request: %d, want 429 from b, a skipped", s)
+	}
+	_, _, b := d.call("GET", "/v1/admin/subscriptions/ag", d.token, "")
+	var listing struct {
+		Subscriptions []struct{ ID string } `json:"subscriptions"`
+	}
+	if err := json.Unmarshal(b, &listing); err != nil || len(listing.Subscriptions) != 2 {
+		t.Fatalf("listing: %v %s", err, b)
+	}
+	a, bID := listing.Subscriptions[0].ID, listing.Subscriptions[1].ID // overlay order: key-a, key-b
+	want := "the provider refused for rate: " + bID + ": rate limited: slow down; " + a + ": credential refused meanwhile; sign in again"
+	if got := envelopeOf(t, firstBody)["message"]; got != want { // SPEC §7.2.5: every skip named
+		t.Errorf("first request's message = %q, want %q", got, want)
 	}
 	if n := fake.count("key-a"); n != 2 { // its 429 at the start, its 401 to the second request
 		t.Errorf("a was called %d times, want 2; once marked needs_reauthorization it is never called again", n)
@@ -228,7 +243,9 @@ func TestCodexInBandLimitBlocks(t *testing.T) {
 // TestSelectorSkipsACandidateThatCannotExpressTheRequest: JSON mode cannot
 // be expressed toward messages (SPEC §7.6), so a selector's messages
 // candidate is skipped without a call and the next candidate, which speaks
-// chat, serves it; only when no candidate can is the 400 the answer.
+// chat, serves it; only when no candidate can is the 400 the answer. When
+// the other candidates refuse, the message names the skipped one and why
+// (so too one skipped for want of a max_tokens, SPEC §6.4).
 func TestSelectorSkipsACandidateThatCannotExpressTheRequest(t *testing.T) {
 	fake := newKeyedFake(t, map[string]string{"ds-1": "200"})
 	never := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
@@ -254,6 +271,20 @@ func TestSelectorSkipsACandidateThatCannotExpressTheRequest(t *testing.T) {
 	s, h, b = d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "any", false, jsonMode))
 	if s != 200 || h.Get("Brama-Route") != "deepseek/ds-chat" || h.Get("Brama-Attempts") != "1" || never.calls.Load() != 0 {
 		t.Errorf("any with JSON mode: %d %s (route %q, attempts %q); want deepseek's answer after 1 call", s, b, h.Get("Brama-Route"), h.Get("Brama-Attempts"))
+	}
+	fake.set("ds-1", "404") // every candidate refused: the message names the skipped one and why (REFERENCE "Selectors")
+	s, _, b = d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "any", false, jsonMode))
+	want := "every candidate refused the request: anthropic/claude-x: skipped: structured output without a JSON Schema (JSON mode) " +
+		"cannot be expressed to an anthropic-messages provider; send a JSON Schema; deepseek/ds-chat: refused the request: no such model"
+	if e := envelopeOf(t, b); s != 404 || e["code"] != "provider_rejected" || e["message"] != want {
+		t.Errorf("every candidate refused: %d %s; want 404 provider_rejected with message %q", s, b, want)
+	}
+	s, _, b = d.call("POST", "/v1/chat/completions", tok, `{"model":"any","messages":[{"role":"user","content":"hi"}]}`)
+	want = "every candidate refused the request: anthropic/claude-x: skipped: max_tokens is required: the model's own limit is " +
+		"unknown (the model catalogue is unavailable: live reads are off (BRAMA_MODEL_CATALOG_URL=off) and there is no cached copy); " +
+		"deepseek/ds-chat: refused the request: no such model"
+	if e := envelopeOf(t, b); s != 404 || e["code"] != "provider_rejected" || e["message"] != want { // SPEC §6.4's skip named
+		t.Errorf("no max_tokens known for anthropic: %d %s; want 404 provider_rejected with message %q", s, b, want)
 	}
 }
 

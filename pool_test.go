@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -15,9 +16,9 @@ import (
 )
 
 // keyedFake answers by the bearer key a call presents: "200", "401",
-// "429" (retry-after 120), "500", "400", "404" or "cut" (the connection is
-// closed after the request arrived). It counts calls per key and keeps the
-// order of (key, model) seen.
+// "429" (retry-after 120), "500", "400", "404", "cut" (the connection is
+// closed after the request arrived) or "429cut" (a 429 whose body is cut).
+// It counts calls per key and keeps the order of (key, model) seen.
 type keyedFake struct {
 	*fakeProvider
 	mu       sync.Mutex // guards behavior, calls, seen
@@ -61,6 +62,11 @@ func newKeyedFake(t *testing.T, behavior map[string]string) *keyedFake {
 			http.Error(w, `{"error":{"type":"invalid_request_error","message":"no such model"}}`, code)
 		case "cut":
 			if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+				conn.Close()
+			}
+		case "429cut": // a refusal whose body is cut: no refusal Brama can read
+			if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+				io.WriteString(conn, "HTTP/1.1 429 Too Many Requests\r\nContent-Length: 100\r\n\r\n{\"error\":")
 				conn.Close()
 			}
 		default:
@@ -121,14 +127,14 @@ func TestSubscriptionRouteTwoCredentials(t *testing.T) {
 		code   string // "" for success
 		calls  int
 	}
-	outcomes := []string{"200", "401", "429", "500", "cut"}
+	outcomes := []string{"200", "401", "429", "500", "cut", "429cut"}
 	expect := func(first, second string) want {
 		switch first {
 		case "200":
 			return want{200, "", 1}
 		case "500":
 			return want{503, "dependency_unavailable", 1}
-		case "cut":
+		case "cut", "429cut":
 			return want{502, "provider_incomplete", 1}
 		}
 		// first refused with a rotating class (401 or 429): the second is tried.
@@ -137,7 +143,7 @@ func TestSubscriptionRouteTwoCredentials(t *testing.T) {
 			return want{200, "", 2}
 		case "500":
 			return want{503, "dependency_unavailable", 2}
-		case "cut":
+		case "cut", "429cut":
 			return want{502, "provider_incomplete", 2}
 		}
 		if first == "429" || second == "429" { // §7.2.5 b before d
@@ -311,8 +317,7 @@ func TestSelectorSkipsAProviderWhosePoolRefused(t *testing.T) {
 		}
 	}
 	later := time.Now().Add(time.Hour).UnixMilli()
-	donateGrant(t, d, "acc-one", "ref-one", later)
-	donateGrant(t, d, "acc-two", "ref-two", later)
+	one, two := donateGrant(t, d, "acc-one", "ref-one", later), donateGrant(t, d, "acc-two", "ref-two", later)
 
 	status, hdr, body := d.call("POST", "/v1/messages", tok, chatBody(dialectMessages, "any", false, ""))
 	seen := calls()
@@ -321,6 +326,11 @@ func TestSelectorSkipsAProviderWhosePoolRefused(t *testing.T) {
 	}
 	if e := envelopeOf(t, body); status == 200 || e["attempts"] != float64(2) || hdr.Get("Brama-Attempts") != "2" {
 		t.Errorf("any: %d %s (Brama-Attempts %q), want a refusal after 2 calls", status, body, hdr.Get("Brama-Attempts"))
+	}
+	want := "the provider refused for rate: claude-code/cc-a: " + one + " rate limited: slow; claude-code/cc-a: " + two +
+		` refused the access token; refreshed; claude-code/cc-b: skipped: no "claude-code" subscription left (none usable, or every one refused already)`
+	if got := envelopeOf(t, body)["message"]; got != want { // SPEC §7.3: the skipped candidate is named
+		t.Errorf("message = %q, want %q", got, want)
 	}
 	if n := tokenEndpoint.calls.Load(); n != 1 {
 		t.Errorf("token endpoint calls = %d, want 1 (the 401 refreshed acc-two)", n)
@@ -678,4 +688,175 @@ func oneCandidateDaemon(t *testing.T, provider, route string) (d *daemon, env ma
 	}
 	tok, _ = agentWithSubs(t, d, "a1", provider, provider+"-1")
 	return d, env, fake, tok
+}
+
+// TestPoolOrder pins SPEC §7.2.2 over real HTTP with a claude-code fake that records the key each call carried and
+// states each key's 5-hour window: lower fullness first, the pinned subscription (the last to serve) first among equals
+// until its window resets, ties in overlay order; each call is the subscription's measured use (§10.3); and a
+// credential not active is no member of the pool, so any's provider order (§7.3) is its eligible ones' fullness.
+func TestPoolOrder(t *testing.T) {
+	clock := &testClock{t: time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)}
+	testingOnlyNow = clock.now
+	t.Cleanup(func() { testingOnlyNow = nil })
+	reset := clock.now().Add(3 * time.Hour) // the fake states every window's reset 3 h after its answer
+	used := map[string]string{"key-a": "0.5", "key-b": "0.2", "key-c": "0.2", "key-y": "0.5"}
+	var mu sync.Mutex
+	var seen []string
+	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		key := cmp.Or(r.Header.Get("x-api-key"), strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer "))
+		mu.Lock()
+		seen = append(seen, key)
+		mu.Unlock()
+		switch {
+		case key == "key-x":
+			http.Error(w, `{"type":"error","error":{"type":"authentication_error","message":"bad key"}}`, 401)
+		case strings.HasPrefix(key, "kimi"):
+			io.WriteString(w, protocolFixtures[0].buffered)
+		default:
+			w.Header().Set("anthropic-ratelimit-unified-5h-utilization", used[key])
+			w.Header().Set("anthropic-ratelimit-unified-5h-reset", fmt.Sprint(clock.now().Add(3*time.Hour).Unix()))
+			io.WriteString(w, protocolFixtures[1].buffered)
+		}
+	})
+	calls := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		defer func() { seen = nil }()
+		return seen
+	}
+	env := stateEnv(t)
+	env["BRAMA_REPLAY_GUARD_SECS"] = "0"
+	env["BRAMA_PROVIDER_CLAUDE_CODE_BASE_URL"], env["BRAMA_PROVIDER_KIMI_BASE_URL"] = fake.URL, fake.URL
+	d := startDaemon(t, env, "")
+	tok, ids := agentWithSubs(t, d, "a1", "claude-code", "key-a", "key-b", "key-c")
+	route := chatBody(dialectMessages, "claude-code/claude-test", false, "")
+	for i, want := range []string{"key-a", "key-b", "key-c", "key-c"} { // a .5; then b, c unread (0); then c, b equal: c pinned
+		if s, _, b := d.call("POST", "/v1/messages", tok, route); s != 200 {
+			t.Fatalf("request %d: %d %s", i+1, s, b)
+		}
+		if got := calls(); !slices.Equal(got, []string{want}) {
+			t.Errorf("request %d called %v, want %s", i+1, got, want)
+		}
+	}
+	_, _, b := d.call("GET", "/v1/admin/subscriptions/a1", d.token, "")
+	var listing struct {
+		Subscriptions []struct {
+			ID       string         `json:"id"`
+			Measured ledgerMeasured `json:"measured"`
+		} `json:"subscriptions"`
+	}
+	if err := json.Unmarshal(b, &listing); err != nil || len(listing.Subscriptions) != 3 {
+		t.Fatalf("listing: %v %s", err, b)
+	}
+	for _, s := range listing.Subscriptions {
+		n := int64(map[string]int{ids[0]: 1, ids[1]: 1, ids[2]: 2}[s.ID])
+		if m := s.Measured; m.Requests != n || m.Failures != 0 || m.InputTokens != 40*n || m.OutputTokens != 42*n {
+			t.Errorf("%s measured %+v, want %d requests of 40 input and 42 output tokens, no failure", s.ID, m, n)
+		}
+	}
+	clock.set(reset.Add(time.Minute)) // every window and the pin are over: overlay order again
+	if s, _, b := d.call("POST", "/v1/messages", tok, route); s != 200 || !slices.Equal(calls(), []string{"key-a"}) {
+		t.Errorf("after the reset: %d %s, want key-a (overlay order; the pin on key-c ended with its window)", s, b)
+	}
+
+	// any: claude-code's freest eligible subscription is y (.5), kimi's is unread (0): kimi goes first, though x (not
+	// active since its 401, never read) would put claude-code first by provider id
+	tok2, _ := agentWithSubs(t, d, "a2", "claude-code", "key-x", "key-y")
+	donate(t, d, "a2", "kimi", "kimi-1")
+	for _, put := range []string{`{"alias":"c1","route":"claude-code/cc-a"}`, `{"alias":"k1","route":"kimi/km-a"}`} {
+		if s, _, b := d.call("PUT", "/v1/admin/routes", d.token, put); s != 200 {
+			t.Fatalf("PUT %s: %d %s", put, s, b)
+		}
+	}
+	if s, _, b := d.call("POST", "/v1/messages", tok2, route); s != 200 || !slices.Equal(calls(), []string{"key-x", "key-y"}) {
+		t.Fatalf("x refuses, y serves: %d %s", s, b)
+	}
+	if s, _, b := d.call("POST", "/v1/messages", tok2, chatBody(dialectMessages, "any", false, "")); s != 200 ||
+		!slices.Equal(calls(), []string{"kimi-1"}) {
+		t.Errorf("any: %d %s, want kimi-1 called first (claude-code's eligible pool is y alone, .5 used)", s, b)
+	}
+}
+
+// TestAGrantRefreshedThenRefusedIsMarked: an expired grant is refreshed before its call (SPEC §7.2.3); a 401 on the
+// refreshed token then marks it needs_reauthorization (§7.2.4: refreshed in this request), with no second refresh and
+// no second call on it.
+func TestAGrantRefreshedThenRefusedIsMarked(t *testing.T) {
+	provider, calls := tokenRecorder(t, func(w http.ResponseWriter, tok string) {
+		http.Error(w, `{"type":"error","error":{"type":"authentication_error","message":"invalid bearer token"}}`, 401)
+	})
+	tokenEndpoint := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		io.WriteString(w, `{"access_token":"acc-new","refresh_token":"ref-new","expires_in":3600}`)
+	})
+	d, tok := oauthSetup(t, provider, tokenEndpoint)
+	id := donateGrant(t, d, "acc-old", "ref-old", time.Now().Add(-time.Hour).UnixMilli())
+	status, _, body := d.call("POST", "/v1/messages", tok, chatBody(dialectMessages, "claude-code/claude-test", false, ""))
+	if e := envelopeOf(t, body); status != 503 || e["code"] != "subscription_reauthorization_required" || e["attempts"] != float64(1) {
+		t.Errorf("%d %s, want 503 subscription_reauthorization_required after 1 call", status, body)
+	}
+	if seen, n := calls(), tokenEndpoint.calls.Load(); !slices.Equal(seen, []string{"acc-new"}) || n != 1 {
+		t.Errorf("provider saw %v, token endpoint %d calls; want acc-new once after one refresh", seen, n)
+	}
+	if got := credentialStateOf(t, d, "a1", id); got != "needs_reauthorization" {
+		t.Errorf("credential state = %q, want needs_reauthorization", got)
+	}
+}
+
+// TestSubscriptionRouteWithAnUnreadableVault: a vault that became unreadable after the donation answers a subscription
+// route 503 credential_unauthorized (SPEC §2.2), with no provider call: never a call without its credential.
+func TestSubscriptionRouteWithAnUnreadableVault(t *testing.T) {
+	env := stateEnv(t)
+	fake := newKeyedFake(t, map[string]string{"kimi-1": "200"})
+	env["BRAMA_PROVIDER_KIMI_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, "")
+	tok, _ := agentWithSubs(t, d, "a1", "kimi", "kimi-1")
+	vault := `{"schema_version":2,"direct":{},"subscriptions":{}}`
+	if err := os.WriteFile(filepath.Join(env["BRAMA_STATE_DIR"], "vault.json"), []byte(vault), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	status, _, body := d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "kimi/k2-test", false, ""))
+	if e := envelopeOf(t, body); status != 503 || e["code"] != "credential_unauthorized" || fake.total() != 0 {
+		t.Errorf("vault of schema 2: %d %s after %d calls, want 503 credential_unauthorized and no call", status, body, fake.total())
+	}
+}
+
+// TestSelectorCandidatesTakeTheirOwnOutputLimit: a selector's candidate without the caller's max_tokens gets its own
+// model's output limit (SPEC §6.4, §7.3), not the limit an earlier candidate was sent.
+func TestSelectorCandidatesTakeTheirOwnOutputLimit(t *testing.T) {
+	env := stateEnv(t)
+	var mu sync.Mutex
+	var sent []string
+	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		var up struct {
+			Model     string `json:"model"`
+			MaxTokens int    `json:"max_tokens"`
+		}
+		json.Unmarshal(body, &up)
+		mu.Lock()
+		sent = append(sent, fmt.Sprint(up.Model, " ", up.MaxTokens))
+		mu.Unlock()
+		if up.Model == "cc-a" {
+			http.Error(w, `{"type":"error","error":{"type":"not_found_error","message":"no such model"}}`, 404)
+			return
+		}
+		io.WriteString(w, protocolFixtures[1].buffered)
+	})
+	env["BRAMA_PROVIDER_CLAUDE_CODE_BASE_URL"] = fake.URL
+	catalogue := filepath.Join(t.TempDir(), "models.json")
+	os.WriteFile(catalogue, []byte(`{"anthropic":{"models":{"cc-a":{"limit":{"output":111}},"cc-b":{"limit":{"output":222}}}}}`), 0o600)
+	env["BRAMA_MODEL_CATALOG_PATH"] = catalogue
+	d := startDaemon(t, env, "")
+	for _, put := range []string{`{"alias":"c1","route":"claude-code/cc-a"}`, `{"alias":"c2","route":"claude-code/cc-b"}`} {
+		if s, _, b := d.call("PUT", "/v1/admin/routes", d.token, put); s != 200 {
+			t.Fatalf("PUT %s: %d %s", put, s, b)
+		}
+	}
+	tok, _ := agentWithSubs(t, d, "a1", "claude-code", "key-1")
+	if s, _, b := d.call("POST", "/v1/chat/completions", tok, `{"model":"any","messages":[{"role":"user","content":"hi"}]}`); s != 200 {
+		t.Fatalf("any: %d %s", s, b)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"cc-a 111", "cc-b 222"}; !slices.Equal(sent, want) {
+		t.Errorf("the provider was sent %v, want %v (each candidate its own model's output limit)", sent, want)
+	}
 }

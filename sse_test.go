@@ -134,3 +134,16 @@ func FuzzSSEReader(f *testing.F) {
 		}
 	})
 }
+
+// TestSSEReaderEndsTheLastBlock: a provider's last block without its blank line is relayed ended by one, or the caller's
+// SSE parser (which dispatches an event only at a blank line) loses the terminal event the provider sent (SPEC §7.5).
+func TestSSEReaderEndsTheLastBlock(t *testing.T) {
+	blocks, _, err := readAllRaw([]byte("data: a\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n"))
+	if err != io.EOF {
+		t.Errorf("err = %v, want EOF", err)
+	}
+	want := [][]byte{[]byte("data: a\n\n"), []byte("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n")}
+	if diff := cmp.Diff(want, blocks); diff != "" {
+		t.Errorf("blocks (-want +got):\n%s", diff)
+	}
+}
