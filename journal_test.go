@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -449,6 +451,100 @@ func TestJournalSyncFailureMakesItUnusable(t *testing.T) {
 	}
 	if recs, err := j.read(); err != nil || len(recs) != 1 {
 		t.Errorf("read = %d records, %v; the refused second append must write nothing", len(recs), err)
+	}
+}
+
+// TestJournalAppendNamesItsCause: an append the file system refuses fails naming the cause (SPEC §2.1's journal row;
+// RUNBOOK "A full disk": journal_append_failed), and a line that did not reach the file is never acknowledged.
+func TestJournalAppendNamesItsCause(t *testing.T) {
+	tests := []struct {
+		name  string
+		setup func(t *testing.T, j *journal) (cause error, names string)
+	}{
+		{"state directory a dangling symlink", func(t *testing.T, j *journal) (error, string) {
+			dir := filepath.Dir(j.name)
+			if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(filepath.Join(t.TempDir(), "gone"), dir); err != nil {
+				t.Fatal(err)
+			}
+			return fs.ErrExist, dir
+		}},
+		{"file size limit reached", func(t *testing.T, j *journal) (error, string) {
+			const limit = 1 << 30 // sparse: nothing else this test process writes grows a file that far
+			writeJournalFile(t, j, "")
+			if err := os.Truncate(j.name, limit); err != nil {
+				t.Fatal(err)
+			}
+			var old syscall.Rlimit
+			if err := syscall.Getrlimit(syscall.RLIMIT_FSIZE, &old); err != nil {
+				t.Fatal(err)
+			} else if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &syscall.Rlimit{Cur: limit, Max: old.Max}); err != nil {
+				t.Skipf("cannot lower RLIMIT_FSIZE: %v", err)
+			}
+			t.Cleanup(func() { syscall.Setrlimit(syscall.RLIMIT_FSIZE, &old) })
+			return syscall.EFBIG, j.name // the runtime ignores SIGXFSZ: write(2) says EFBIG
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			j, _ := newTestJournal(t)
+			cause, names := tt.setup(t, j)
+			before, _ := os.Stat(j.name)
+			err := j.append(journalRecord{Kind: "retire", SubscriptionID: "sub_1"})
+			if !errors.Is(err, cause) || !strings.Contains(err.Error(), names) {
+				t.Errorf("append = %v, want an error naming %s and wrapping %v", err, names, cause)
+			}
+			if after, _ := os.Stat(j.name); before != nil && (after == nil || after.Size() != before.Size()) {
+				t.Errorf("the refused append changed the journal's size")
+			}
+		})
+	}
+}
+
+// TestJournalReadyRefusesAnUnwritablePlace: ready asks access(2) whether this process may write the journal or
+// create it in its nearest existing ancestor, so a registry write refuses before staging (SPEC §4.4). Root passes
+// access(2).
+func TestJournalReadyRefusesAnUnwritablePlace(t *testing.T) {
+	if os.Geteuid() == 0 {
+		t.Skip("access(2) grants root every write")
+	}
+	tests := []struct {
+		name  string
+		setup func(t *testing.T, j *journal) (names string)
+	}{
+		{"a read-only journal", func(t *testing.T, j *journal) string {
+			writeJournalFile(t, j, "")
+			if err := os.Chmod(j.name, 0o400); err != nil {
+				t.Fatal(err)
+			}
+			return j.name
+		}},
+		{"no journal in a read-only state directory", func(t *testing.T, j *journal) string {
+			if err := os.MkdirAll(filepath.Dir(j.name), 0o500); err != nil {
+				t.Fatal(err)
+			}
+			return filepath.Dir(j.name)
+		}},
+		{"no state directory in a read-only parent", func(t *testing.T, j *journal) string {
+			parent := filepath.Dir(filepath.Dir(j.name))
+			if err := os.Chmod(parent, 0o500); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.Chmod(parent, 0o700) }) // t.TempDir's removal needs it
+			return parent
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			j, _ := newTestJournal(t)
+			names := tt.setup(t, j)
+			want := "journal: cannot write " + names + ": permission denied"
+			if err := j.ready(); err == nil || err.Error() != want || !errors.Is(err, fs.ErrPermission) {
+				t.Errorf("ready = %v, want %q", err, want)
+			}
+		})
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"net"
 	"net/http"
@@ -119,11 +120,17 @@ func (w *cancelOnWrite) Write(p []byte) (int, error) {
 }
 
 // TestServeRefusesABadAddr: an -addr that is empty, has no port or a port
-// out of range is a usage error (exit 2, SPEC §16.1) naming the flag, before
-// any state is touched; an empty one used to listen on every interface at a
-// random port.
+// out of range is a usage error (exit 2, SPEC §16.1) naming the flag and why,
+// before any state is touched; an empty one used to listen on every interface
+// at a random port.
 func TestServeRefusesABadAddr(t *testing.T) {
-	for _, addr := range []string{"", "8080", "127.0.0.1:", "127.0.0.1:99999", "127.0.0.1:-1"} {
+	for addr, why := range map[string]string{
+		"":                "missing port in address",
+		"8080":            "address 8080: missing port in address",
+		"127.0.0.1:":      "no port",
+		"127.0.0.1:99999": "address 99999: invalid port",
+		"127.0.0.1:-1":    "address -1: invalid port",
+	} {
 		t.Run(addr, func(t *testing.T) {
 			env := stateEnv(t)
 			ctx, cancel := context.WithCancel(context.Background())
@@ -132,8 +139,10 @@ func TestServeRefusesABadAddr(t *testing.T) {
 			var stderr bytes.Buffer
 			err := run(ctx, nil, []string{"serve", "-addr", addr}, testEnv(env), strings.NewReader(""), stdout, &stderr)
 			code := exitCode(err, &stderr)
-			if code != 2 || !strings.Contains(stderr.String(), "-addr") || stdout.String() != "" {
-				t.Errorf("exit %d, stdout %q, stderr %q; want exit 2 naming -addr", code, stdout.String(), stderr.String())
+			want := fmt.Sprintf("brama serve: -addr %q is not HOST:PORT to listen on (e.g. 127.0.0.1:8080): %s; "+
+				"see brama serve -h\n", addr, why)
+			if code != 2 || stderr.String() != want || stdout.String() != "" {
+				t.Errorf("exit %d, stdout %q, stderr %q; want exit 2, stderr %q", code, stdout.String(), stderr.String(), want)
 			}
 			if _, err := os.Stat(env["BRAMA_STATE_DIR"]); !errors.Is(err, fs.ErrNotExist) {
 				t.Errorf("a refused serve touched the state directory: %v", err)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -185,6 +186,18 @@ func TestWriteAPIErrorEveryCode(t *testing.T) {
 				t.Errorf("%s on %s: top-level type %v", code, path, body.Type)
 			}
 		}
+	}
+}
+
+// TestWriteJSONUnencodable: a value encoding/json refuses (a NaN) is answered whole as the internal_error envelope
+// writeAPIError would write (SPEC §8.2), never as the status asked for with a cut body.
+func TestWriteJSONUnencodable(t *testing.T) {
+	w := httptest.NewRecorder()
+	writeJSON(w, 200, map[string]float64{"used_fraction": math.NaN()})
+	var want bytes.Buffer
+	encodeJSON(&want, envelope{Error: *refuse("internal_error", "internal error")})
+	if w.Code != 500 || w.Header().Get("Content-Type") != "application/json" || w.Body.String() != want.String() {
+		t.Errorf("%d %q %s, want 500 application/json %s", w.Code, w.Header().Get("Content-Type"), w.Body, want.String())
 	}
 }
 

@@ -197,11 +197,13 @@ func TestClassifyBeforeRedacting(t *testing.T) {
 }
 
 func TestClassifyRefusalSentenceBound(t *testing.T) {
-	long := strings.Repeat("é", 300)
 	openai, _ := lookupProvider("openai")
-	r := classifyRefusal(openai, 400, http.Header{}, []byte(`{"error":{"message":"`+long+`"}}`), "", time.Now())
-	if len(r.sentence) > maxSentenceBytes || !utf8.ValidString(r.sentence) {
-		t.Errorf("sentence is %d bytes, valid UTF-8 %v", len(r.sentence), utf8.ValidString(r.sentence))
+	// the bound falls at a rune's start, then inside one
+	for _, long := range []string{strings.Repeat("é", 300), "x" + strings.Repeat("é", 300)} {
+		r := classifyRefusal(openai, 400, http.Header{}, []byte(`{"error":{"message":"`+long+`"}}`), "", time.Now())
+		if len(r.sentence) > maxSentenceBytes || !utf8.ValidString(r.sentence) {
+			t.Errorf("sentence is %d bytes, valid UTF-8 %v", len(r.sentence), utf8.ValidString(r.sentence))
+		}
 	}
 }
 
