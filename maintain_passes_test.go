@@ -274,6 +274,31 @@ func TestUsageReadRequests(t *testing.T) {
 	}
 }
 
+// TestUsageReadAfterARefusedRefresh proves a grant expired for a request
+// whose refresh (the pass's one attempt) is refused is not read with its
+// expired token: the credential is needs_reauthorization, and SPEC §11.2
+// reads only active ones; the failure names the refresh.
+func TestUsageReadAfterARefusedRefresh(t *testing.T) {
+	fx := newMaintFixture(t)
+	id := fx.donate(t, "claude-code", grant("CC", fx.clock.now().Add(30*time.Second))) // expired for a request
+	fx.fake.handle("/token/claude-code", func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, `{"error":"invalid_grant","error_description":"Refresh token revoked"}`, http.StatusBadRequest)
+	})
+	rep := fx.m.passOnce(context.Background(), "")
+	if n := fx.fake.count(fakeClaudeUsage); n != 0 {
+		t.Errorf("the refused credential's report was read %d times", n)
+	}
+	if n := fx.fake.count("/token/claude-code"); n != 1 {
+		t.Errorf("token endpoint called %d times, want 1 (the pass's one attempt)", n)
+	}
+	if len(rep.Usage.Failed) != 1 || !strings.HasPrefix(rep.Usage.Failed[0].Error, "not read: the expired grant could not be refreshed: ") {
+		t.Errorf("failed = %+v, want the refresh's failure", rep.Usage.Failed)
+	}
+	if st := fx.l.entry(id).Credential.State; st != credNeedsReauth || rep.Credentials.Refused != 1 {
+		t.Errorf("credential %s, report %+v; want needs_reauthorization, one refused", st, rep.Credentials)
+	}
+}
+
 // TestUsageReadFailuresQuoteNothing proves a failed read's recorded and
 // logged sentence names the endpoint, status and size but never the body
 // or a token, whatever the provider sent back.

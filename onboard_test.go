@@ -77,6 +77,13 @@ func TestOnboardJourney(t *testing.T) {
 		{name: "a model without permission", args: []string{"-model", "openai/gpt-test"}, code: 0,
 			out:       "done state-directory\ndone client\ndone route\nnext: brama onboard -model openai/gpt-test -allow-provider-cost\n",
 			wantSteps: []string{"state-directory", "client", "route"}},
+		{name: "a deployment by its bare name", setup: func(t *testing.T) {
+			if _, errOut, code := runCLI(t, env, "", "deployments", "add", "qwen", "-port", "11434"); code != 0 {
+				t.Fatal(errOut)
+			}
+		}, args: []string{"-model", "qwen"}, code: 0, // SPEC §14: -model names a deployment, called as local-openai/qwen
+			out:       "done state-directory\ndone client\ndone route\nnext: brama onboard -model qwen -allow-provider-cost\n",
+			wantSteps: []string{"state-directory", "client", "route"}},
 		{name: "permission without a model", args: []string{"-allow-provider-cost"}, code: 0,
 			out:       "done state-directory\ndone client\ndone route\n" + billable,
 			wantSteps: []string{"state-directory", "client", "route"}},

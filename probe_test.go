@@ -127,6 +127,7 @@ func TestProbe(t *testing.T) {
 		{name: "no probe model", path: probePath("a", oa), want: 409, code: "state_conflict"},
 		{name: "named model", path: probePath("a", oa), body: `{"model":"gpt-test"}`, want: 200, calls: 1,
 			wantAuth: "Bearer sk-probe-oa-0123456789", wantModel: "gpt-test", probeOK: true, credState: credActive},
+		{name: "a model no route can name", path: probePath("a", oa), body: `{"model":"gpt\ttest"}`, want: 404, code: "alias_unknown"},
 		{name: "unknown body member", path: probePath("a", oa), body: `{"model":"gpt-test","max_tokens":5}`, want: 400, code: "invalid_request"},
 		{name: "provider 500 is an answered probe", mode: "500", path: probePath("a", k2), want: 200, calls: 1,
 			wantAuth: "Bearer sk-probe-k2-0123456789", probeOK: false, credState: credActive},

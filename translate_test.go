@@ -241,6 +241,33 @@ func TestTranslationAcrossFormats(t *testing.T) {
 			wantDropped:  "image",
 		},
 		{
+			// Anthropic takes a base64 document only as a PDF: a text one is a text source (SPEC §7.6 carries document parts).
+			name: "a text document toward messages is a text source, a PDF stays base64", path: "/v1/chat/completions", provider: "anthropic",
+			body: `{"model":"anthropic/claude-test","max_tokens":100,"messages":[{"role":"user","content":[{"type":"text","text":"q"},
+				{"type":"file","file":{"file_data":"data:text/plain;base64,aGVsbG8=","filename":"a.txt"}},{"type":"file","file":{"file_data":"data:application/pdf;base64,JVBE","filename":"a.pdf"}}]}]}`,
+			wantUpstream: map[string]string{"messages[0].content[1].type": `"document"`, "messages[0].content[1].title": `"a.txt"`,
+				"messages[0].content[1].source": `{"data":"hello","media_type":"text/plain","type":"text"}`,
+				"messages[0].content[2].source": `{"data":"JVBE","media_type":"application/pdf","type":"base64"}`},
+		},
+		{
+			name: "a text document from messages is a text/plain data URL", path: "/v1/messages", provider: "openai-responses",
+			body: `{"model":"openai-responses/gpt-test","max_tokens":100,"messages":[{"role":"user","content":[{"type":"text","text":"q"},
+				{"type":"document","source":{"type":"text","media_type":"text/plain","data":"hello"}}]}]}`,
+			wantUpstream: map[string]string{"input[0].content[1].type": `"input_file"`, "input[0].content[1].file_data": `"data:text/plain;base64,aGVsbG8="`},
+		},
+		{
+			name: "a server tool toward chat is named, not made a function", path: "/v1/messages", provider: "openai",
+			body: `{"model":"openai/gpt-test","max_tokens":100,"messages":[{"role":"user","content":"q"}],
+				"tools":[{"type":"web_search_20250305","name":"web_search","max_uses":3},{"name":"f","input_schema":{"type":"object"}}]}`,
+			wantUpstream: map[string]string{"tools[0].function.name": `"f"`, "tools[1]": ``},
+			wantDropped:  "web_search_20250305",
+		},
+		{
+			name: "output_config.effort to reasoning effort", path: "/v1/messages", provider: "openai-responses",
+			body:         `{"model":"openai-responses/gpt-test","max_tokens":100,"messages":[{"role":"user","content":"q"}],"output_config":{"effort":"high"}}`,
+			wantUpstream: map[string]string{"reasoning.effort": `"high"`},
+		},
+		{
 			name: "structured output: chat to messages", path: "/v1/chat/completions", provider: "anthropic",
 			body:         `{"model":"anthropic/claude-test","max_tokens":100,"messages":[{"role":"user","content":"q"}],"response_format":{"type":"json_schema","json_schema":{"name":"o","schema":{"type":"object","properties":{"ok":{"type":"boolean"}}},"strict":true}}}`,
 			wantUpstream: map[string]string{"output_config.format.type": `"json_schema"`, "output_config.format.schema.properties.ok.type": `"boolean"`},
@@ -325,7 +352,8 @@ func TestTranslationAcrossFormats(t *testing.T) {
 }
 
 // TestTranslationRefusesInexpressibleOutput checks JSON mode toward
-// messages is refused 400 before any call (SPEC §7.6).
+// messages is refused 400 before any call (SPEC §7.6), as is a tool
+// result's image whose data URL is not base64: dropped, it would go silently.
 func TestTranslationRefusesInexpressibleOutput(t *testing.T) {
 	env := stateEnv(t)
 	f := newTranslationFake(t, func(string) string { return messagesToolAnswer })
@@ -333,6 +361,9 @@ func TestTranslationRefusesInexpressibleOutput(t *testing.T) {
 	for _, tc := range []struct{ path, body string }{
 		{"/v1/chat/completions", `{"model":"anthropic/claude-test","max_tokens":9,"messages":[{"role":"user","content":"q"}],"response_format":{"type":"json_object"}}`},
 		{"/v1/responses", `{"model":"anthropic/claude-test","max_output_tokens":9,"input":"q","text":{"format":{"type":"json_object"}}}`},
+		{"/v1/responses", `{"model":"anthropic/claude-test","max_output_tokens":9,"input":[{"role":"user","content":"map?"},
+			{"type":"function_call","call_id":"c","name":"Read","arguments":"{}"},
+			{"type":"function_call_output","call_id":"c","output":[{"type":"input_text","text":"the map"},{"type":"input_image","image_url":"data:image/png,iVBO"}]}]}`},
 	} {
 		status, _, body := d.call("POST", tc.path, d.token, tc.body)
 		if env := envelopeOf(t, body); status != 400 || env["code"] != "invalid_request" {
