@@ -164,7 +164,7 @@ func coverage(tmp string) (map[string]map[string]bool, error) {
 	}
 	cover, prof := map[string]map[string]bool{}, filepath.Join(tmp, "cover.out")
 	for _, t := range strings.Fields(string(list)) {
-		exec.Command(bin, "-test.count=1", "-test.run", "^"+t+"$", "-test.coverprofile="+prof).Run()
+		exec.Command(bin, "-test.count=1", "-test.timeout=120s", "-test.run", "^"+t+"$", "-test.coverprofile="+prof).Run()
 		f, err := os.Open(prof)
 		if err != nil {
 			continue
