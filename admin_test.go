@@ -101,6 +101,8 @@ func TestAdminRouteBodies(t *testing.T) {
 		{"unknown provider", "PUT", `{"alias":"a","route":"nope/x"}`, 400, "invalid_request"},
 		{"bad alias", "PUT", `{"alias":"A B","route":"openai/x"}`, 400, "invalid_request"},
 		{"delete unknown", "DELETE", `{"alias":"ghost"}`, 404, "alias_unknown"},
+		{"PUT without route", "PUT", `{"alias":"a"}`, 400, "invalid_request"},
+		{"DELETE with a route", "DELETE", `{"alias":"a","route":"openai/x"}`, 400, "invalid_request"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

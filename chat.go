@@ -380,7 +380,7 @@ func (s *callerStream) chatChunk(u *chatUsage, choices ...chatChoice) error {
 
 // readChat is the chat part of the one stream reader (relay.go's streamReader): each choice's finish_reason is the
 // terminal signal (n > 1: the last choice's); usage may follow alone.
-func (r *streamReader) readChat(_ string, e rawObject) (keep, end bool, err error) {
+func (r *streamReader) readChat(e rawObject) (keep, end bool, err error) {
 	u, err := usageOf(r.protocol, e.value("usage"))
 	choices, ok := splitRaw(e.value("choices"), '[', r.elems[:])
 	switch {

@@ -333,6 +333,11 @@ func TestAliasRefusalsAndOneAttempt(t *testing.T) {
 			if tc.attempts != nil && hdr.Get("Brama-Attempts") != fmt.Sprint(tc.attempts) {
 				t.Errorf("Brama-Attempts = %q", hdr.Get("Brama-Attempts"))
 			}
+			id := hdr.Get("X-Request-Id") // the log line counts as the envelope does, 0 too (SPEC §13)
+			d.stderr.waitFor(t, `"msg":"request","request_id":"`+id)
+			if diff := cmp.Diff(tc.attempts, requestLine(t, d.stderr.String(), "request_id", id)["attempts"]); diff != "" {
+				t.Errorf("log line attempts (-want +got):\n%s", diff)
+			}
 			if got := failing.calls.Load() - before; got != tc.wantCalls {
 				t.Errorf("provider saw %d calls, want %d", got, tc.wantCalls)
 			}
@@ -380,6 +385,15 @@ func TestInvalidRegistryThenRepaired(t *testing.T) {
 				if e := envelopeOf(t, body); e["code"] != "alias_unserviceable" || !strings.Contains(string(body), `"state":"routes_file_invalid"`) {
 					t.Errorf("step %d: %s, want alias_unserviceable with state routes_file_invalid", i, body)
 				}
+			}
+		}
+		for _, read := range []struct { // the registry's readers refuse an invalid file, never answer an empty one
+			path, code string
+			status     int
+		}{{"/v1/aliases", "dependency_unavailable", 503}, {"/v1/admin/routes", "state_conflict", 409}} {
+			status, _, body := d.call("GET", read.path, d.token, "")
+			if step.status == 503 && (status != read.status || envelopeOf(t, body)["code"] != read.code) || step.status == 200 && status != 200 {
+				t.Errorf("step %d GET %s: %d %s, want %d %s while the file is invalid, else 200", i, read.path, status, body, read.status, read.code)
 			}
 		}
 	}

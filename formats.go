@@ -142,20 +142,19 @@ type wireFormat struct {
 	dialect, protocol, path string   // path: the provider endpoint below the base URL
 	limits                  []string // the output limit's names: the first a caller sent wins; a call adds the last
 	parse                   func(cr *callerRequest) (chatRequest, error)
-	encode                  func(req *chatRequest, c call, h http.Header) ([]byte, error)              // req.Stream: whether c streams; h: its headers
-	decode                  func(body []byte, r *streamReader) error                                   // a 2xx buffered body given r's caller stream
-	frames                  func(s *callerStream, step streamStep, b *streamBlock, text string) error  // the caller stream writer's
-	read                    func(r *streamReader, typ string, e rawObject) (keep, end bool, err error) // one stream event (streamReader.read)
+	encode                  func(req *chatRequest, c call, h http.Header) ([]byte, error)             // req.Stream: whether c streams; h: its headers
+	decode                  func(body []byte, r *streamReader) error                                  // a 2xx buffered body given r's caller stream
+	frames                  func(s *callerStream, step streamStep, b *streamBlock, text string) error // the caller stream writer's
 }
 
 // wireFormats is the one table of the three formats; it never changes.
 var wireFormats = []wireFormat{
 	{dialectChat, protoOpenAIChat, "/chat/completions", []string{"max_completion_tokens", "max_tokens"},
-		parseChatCompletions, encodeChat, decodeChat, (*callerStream).chatFrames, (*streamReader).readChat},
+		parseChatCompletions, encodeChat, decodeChat, (*callerStream).chatFrames},
 	{dialectMessages, protoAnthropic, "/v1/messages", []string{"max_tokens"},
-		parseMessages, encodeMessages, decodeMessages, (*callerStream).messagesFrames, (*streamReader).readMessages},
+		parseMessages, encodeMessages, decodeMessages, (*callerStream).messagesFrames},
 	{dialectResponses, protoOpenAIResponses, "/responses", []string{"max_output_tokens"},
-		parseResponses, encodeResponses, decodeResponses, (*callerStream).responsesFrames, (*streamReader).readResponses},
+		parseResponses, encodeResponses, decodeResponses, (*callerStream).responsesFrames},
 }
 
 // formatOf is the row of a dialect or protocol (every error its parse returns is an invalid_request *apiError).

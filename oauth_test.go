@@ -467,6 +467,38 @@ func TestRefreshWithoutRefreshToken(t *testing.T) {
 	}
 }
 
+// TestRefreshWithoutVaultGrant: a refresh starts from the vault's grant (SPEC §11.1); an unreadable vault, or one that
+// holds no grant for the subscription (an API key donated meanwhile), fails naming why: no token call, the credential
+// state unchanged, credential_refresh_failed logged.
+func TestRefreshWithoutVaultGrant(t *testing.T) {
+	for _, tc := range []struct{ name, vault, want string }{
+		{"vault unreadable", `{"schema_version":`, "refresh " + oauthSubID + ": vault: "},
+		{"an API key, no grant", `{"schema_version":1,"direct":{},"subscriptions":{"` + oauthSubID + `":{"api_key":"sk-k"}}}`,
+			"refresh " + oauthSubID + ": the vault holds no OAuth grant for it"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var calls atomic.Int32
+			srv := fakeTokenEndpoint(t, func(w http.ResponseWriter, r *http.Request) { calls.Add(1) })
+			f := newOAuthFixture(t, "kimi", srv.URL)
+			if err := os.WriteFile(f.vaultPath, []byte(tc.vault), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			f.l.activate(oauthSubID, "kimi", 7, 3)
+			before := f.l.entry(oauthSubID)
+			_, err := f.o.refresh(context.Background(), oauthSubID, "kimi", "")
+			if err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+				t.Errorf("refresh error = %v, want one starting %q", err, tc.want)
+			}
+			if diff := cmp.Diff(before, f.l.entry(oauthSubID)); diff != "" {
+				t.Errorf("the failed refresh changed the ledger (-before +after):\n%s", diff)
+			}
+			if calls.Load() != 0 || !strings.Contains(f.logs.String(), `"msg":"credential_refresh_failed"`) {
+				t.Errorf("token calls %d, log %s; want none and credential_refresh_failed", calls.Load(), f.logs)
+			}
+		})
+	}
+}
+
 // TestRefreshVaultWriteFails: a rotated grant the vault refuses is kept in
 // memory and used, the credential stays active, and the next vault write
 // (a pass's) stores it (SPEC §17). It sets the package hook

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"runtime/debug"
+	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -117,15 +119,32 @@ func FuzzPassthroughBody(f *testing.F) {
 	})
 }
 
+// watchedEvents are one relayed event per format, as the relay watches them.
+var watchedEvents = []struct{ proto, data string }{
+	{protoOpenAIChat, `{"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hello"},"finish_reason":null}]}`},
+	{protoAnthropic, `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"hello"}}`},
+	{protoOpenAIResponses, `{"type":"response.output_text.delta","item_id":"x","output_index":0,"content_index":0,"delta":"hello"}`},
+}
+
+// TestPassthroughWatchAllocatesNothing: the relay reads each event of a same-format stream without an allocation, in
+// each format (TESTING.md); a member's type or key without escapes is read in place (rawText).
+func TestPassthroughWatchAllocatesNothing(t *testing.T) {
+	if bi, _ := debug.ReadBuildInfo(); bi != nil && slices.Contains(bi.Settings, debug.BuildSetting{Key: "-race", Value: "true"}) {
+		t.Skip("the race detector's runtime allocates on its own")
+	}
+	for _, tc := range watchedEvents {
+		pw, data := &streamReader{protocol: tc.proto}, []byte(tc.data)
+		if n := testing.AllocsPerRun(100, func() { pw.read("", data) }); n != 0 {
+			t.Errorf("%s: %v allocations per event, want 0", tc.proto, n)
+		}
+	}
+}
+
 // BenchmarkPassthroughWatchEvent measures the watch of one relayed event per
 // format: it allocates nothing (a usage struct that escapes, declared before
 // its null test, would cost one allocation per event).
 func BenchmarkPassthroughWatchEvent(b *testing.B) {
-	for _, tc := range []struct{ proto, data string }{
-		{protoOpenAIChat, `{"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hello"},"finish_reason":null}]}`},
-		{protoAnthropic, `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"hello"}}`},
-		{protoOpenAIResponses, `{"type":"response.output_text.delta","item_id":"x","output_index":0,"content_index":0,"delta":"hello"}`},
-	} {
+	for _, tc := range watchedEvents {
 		b.Run(tc.proto, func(b *testing.B) {
 			pw, data := &streamReader{protocol: tc.proto}, []byte(tc.data)
 			b.ReportAllocs()

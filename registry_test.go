@@ -564,6 +564,9 @@ func TestMigrateRegistryRefusals(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tt.msg) {
 				t.Fatalf("migrate error = %v, want one containing %q", err, tt.msg)
 			}
+			if ents, _ := os.ReadDir(dir); tt.absent && len(ents) != 0 { // nothing made beside it, not even a lock file
+				t.Errorf("a refused migration of an absent file left %s", ents[0].Name())
+			}
 			if tt.absent {
 				return
 			}

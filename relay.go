@@ -361,8 +361,12 @@ func (r *streamReader) read(event string, data []byte) (keep, end bool, err erro
 	case typ == "error" || r.protocol == protoOpenAIResponses && typ == "response.failed" ||
 		r.protocol == protoOpenAIChat && !rawIsNull(e.value("error")):
 		return false, false, r.inBandError(e)
+	case r.protocol == protoAnthropic: // a direct call, not through the format table: typ stays on the stack
+		return r.readMessages(typ, e)
+	case r.protocol == protoOpenAIResponses:
+		return r.readResponses(typ, e)
 	}
-	return formatOf(r.protocol).read(r, typ, e)
+	return r.readChat(e)
 }
 
 // decode decodes o's member key into v (absent or null leaves v as it is); a failure is a malformed event.

@@ -258,8 +258,12 @@ func assembleResponsesStream(t *testing.T, frames []testSSEFrame) chatAnswer {
 				t.Fatalf("%s for unknown output %d", ev.Type, ev.OutputIndex)
 			}
 			it = items[ev.OutputIndex]
-			if it.done || (ev.ItemID != "" && ev.ItemID != it.id) {
-				t.Errorf("%s for item %q (done %v), want %q", ev.Type, ev.ItemID, it.done, it.id)
+			wantID := it.id // an event within the item names it; the item's own carry it whole
+			if strings.HasPrefix(ev.Type, "response.output_item.") {
+				wantID = ""
+			}
+			if it.done || ev.ItemID != wantID {
+				t.Errorf("%s for item %q (done %v), want %q", ev.Type, ev.ItemID, it.done, wantID)
 			}
 		}
 		switch ev.Type {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"os"
@@ -178,11 +179,14 @@ func TestReadUpstreamStreamFailures(t *testing.T) {
 		{"chat connection reset", protoOpenAIChat, io.MultiReader(strings.NewReader("data: {\"choices\":[]}\n\n"), errReader{errors.New("connection reset by peer")}), "provider_incomplete", "connection reset"},
 		{"chat in-band error", protoOpenAIChat, strings.NewReader("data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\ndata: {\"error\":{\"message\":\"Rate limit reached for sk-abcdefghijklmnop\",\"type\":\"requests\",\"code\":\"rate_limit_exceeded\"}}\n\n"), "provider_incomplete", `"rate_limit_exceeded"`},
 		{"chat error event without error member", protoOpenAIChat, strings.NewReader("event: error\ndata: {\"message\":\"boom\"}\n\n"), "provider_incomplete", "unspecified"},
+		{"chat error event, its data typed", protoOpenAIChat, strings.NewReader("event: error\ndata: {\"type\":\"server_error\",\"code\":\"boom\"}\n\n"), "provider_incomplete", `"boom"`},
+		{"chat caller hung up", protoOpenAIChat, io.MultiReader(strings.NewReader("data: {\"choices\":[]}\n\n"), errReader{context.Canceled}), "client_cancelled", "caller went away"},
 		{"chat malformed", protoOpenAIChat, strings.NewReader("data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\ndata: {not json\n\n"), "provider_failure", "malformed"},
 		{"chat tool call without name", protoOpenAIChat, strings.NewReader("data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"{}\"}}]}}]}\n\n"), "provider_failure", "malformed"},
 		{"chat wrong shape", protoOpenAIChat, strings.NewReader("data: {\"choices\":\"nope\"}\n\n"), "provider_failure", "malformed"},
 		{"anthropic cut before message_stop", protoAnthropic, strings.NewReader(cutAt(t, anth, "event: message_stop")), "provider_incomplete", "terminal"},
 		{"anthropic in-band error", protoAnthropic, strings.NewReader(cutAt(t, anth, "event: content_block_start") + "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n"), "provider_incomplete", `"overloaded_error"`},
+		{"anthropic error event, its data typed", protoAnthropic, strings.NewReader("event: error\ndata: {\"type\":\"overloaded_error\",\"error\":{\"type\":\"overloaded_error\"}}\n\n"), "provider_incomplete", `"overloaded_error"`},
 		{"anthropic malformed", protoAnthropic, strings.NewReader("event: message_start\ndata: {\"type\":\"message_start\",\"message\":\n\n"), "provider_failure", "malformed"},
 		{"anthropic json delta outside tool", protoAnthropic, strings.NewReader("event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{}\"}}\n\n"), "provider_failure", "malformed"},
 		{"responses cut before completed", protoOpenAIResponses, strings.NewReader(cutAt(t, resp, "event: response.completed")), "provider_incomplete", "terminal"},
