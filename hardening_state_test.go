@@ -126,6 +126,35 @@ func TestServeRemovesCrashLeftovers(t *testing.T) {
 	assertNoSecret(t, plantedStaleSecret, logs, dir)
 }
 
+// TestServeReportsUnremovedTemps: a stale temporary file whose lock is a planted symlink is neither removed nor
+// counted as removed: serve starts and logs state_temp_files_unremoved with the cause (AUTHORIZATION.md).
+func TestServeReportsUnremovedTemps(t *testing.T) {
+	env := stateEnv(t)
+	dir := env["BRAMA_STATE_DIR"]
+	outside := filepath.Join(t.TempDir(), "outside")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, ".notes.json.tmp1"), []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(dir, "notes.json.lock")); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, env, "")
+	d.stop()
+	if left := staleTemps(t, dir); !slices.Equal(left, []string{".notes.json.tmp1"}) {
+		t.Errorf("stale temporary files left: %v, want the one behind the planted lock", left)
+	}
+	logs := d.stderr.String()
+	if !strings.Contains(logs, `"msg":"state_temp_files_unremoved","removed":0,"cause":"`) || strings.Contains(logs, "state_temp_files_removed") {
+		t.Errorf("no state_temp_files_unremoved line (and no state_temp_files_removed) in:\n%s", logs)
+	}
+	if _, err := os.Lstat(outside); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the sweep followed the planted lock: %s exists (%v)", outside, err)
+	}
+}
+
 func TestFailedDonationTakesItsSecretBack(t *testing.T) {
 	env := stateEnv(t)
 	dir := env["BRAMA_STATE_DIR"]

@@ -500,11 +500,18 @@ func TestRefreshWithoutVaultGrant(t *testing.T) {
 }
 
 // TestRefreshVaultWriteFails: a rotated grant the vault refuses is kept in
-// memory and used, the credential stays active, and the next vault write
-// (a pass's) stores it (SPEC §17). It sets the package hook
+// memory and used, the credential stays active, a second refused rotation
+// replaces the first, and the next vault write (a pass's) stores it (SPEC §17). It sets the package hook
 // testingOnlyRename, so it must not run in parallel with other writers.
 func TestRefreshVaultWriteFails(t *testing.T) {
-	srv := fakeTokenEndpoint(t, tokenReply(200, `{"access_token":"at-new","refresh_token":"rt-new","expires_in":60}`))
+	var rotations atomic.Int32 // each token call rotates: rt-new, then rt-new2
+	srv := fakeTokenEndpoint(t, func(w http.ResponseWriter, r *http.Request) {
+		n := ""
+		if rotations.Add(1) > 1 {
+			n = "2"
+		}
+		tokenReply(200, `{"access_token":"at-new`+n+`","refresh_token":"rt-new`+n+`","expires_in":60}`)(w, r)
+	})
 	f := newOAuthFixture(t, "claude-code", srv.URL)
 	old := oauthGrant{AccessToken: "at-old", RefreshToken: "rt-old"}
 	f.seed(t, oauthSubID, old)
@@ -529,9 +536,16 @@ func TestRefreshVaultWriteFails(t *testing.T) {
 		t.Errorf("credential state = %q, want %q", st, credActive)
 	}
 	f.v.writeUnwritten(f.o.log) // the vault still refuses: kept
+	// A second rotation the vault refuses replaces the first, still against the grant on disk (rt-old).
+	if g, err := f.o.refresh(context.Background(), oauthSubID, "claude-code", ""); err != nil || g.RefreshToken != "rt-new2" {
+		t.Fatalf("second refresh = %+v, %v; want the rotated grant", g, err)
+	}
+	if doc, err := f.v.load(); err != nil || doc.Subscriptions[oauthSubID].OAuth.RefreshToken != "rt-new2" || len(f.v.unwrittenIDs()) != 1 {
+		t.Errorf("the daemon's view of the vault lost the second rotation: %v", err)
+	}
 	testingOnlyRename = nil
 	f.v.writeUnwritten(f.o.log)
-	if got := f.stored(t, oauthSubID); got.RefreshToken != "rt-new" || len(f.v.unwrittenIDs()) != 0 {
+	if got := f.stored(t, oauthSubID); got.RefreshToken != "rt-new2" || len(f.v.unwrittenIDs()) != 0 {
 		t.Errorf("after a write the vault holds %+v (unwritten %v), want the rotated grant", got, f.v.unwrittenIDs())
 	}
 }

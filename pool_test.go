@@ -801,21 +801,37 @@ func TestAGrantRefreshedThenRefusedIsMarked(t *testing.T) {
 	}
 }
 
-// TestSubscriptionRouteWithAnUnreadableVault: a vault that became unreadable after the donation answers a subscription
-// route 503 credential_unauthorized (SPEC §2.2), with no provider call: never a call without its credential.
+// TestSubscriptionRouteWithAnUnreadableVault: a vault that became unreadable after the donation (a newer schema, or
+// failing a guard) answers a subscription route 503 credential_unauthorized naming the vault (SPEC §2.2), with no
+// provider call: never a call without its credential.
 func TestSubscriptionRouteWithAnUnreadableVault(t *testing.T) {
-	env := stateEnv(t)
-	fake := newKeyedFake(t, map[string]string{"kimi-1": "200"})
-	env["BRAMA_PROVIDER_KIMI_BASE_URL"] = fake.URL
-	d := startDaemon(t, env, "")
-	tok, _ := agentWithSubs(t, d, "a1", "kimi", "kimi-1")
-	vault := `{"schema_version":2,"direct":{},"subscriptions":{}}`
-	if err := os.WriteFile(filepath.Join(env["BRAMA_STATE_DIR"], "vault.json"), []byte(vault), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	status, _, body := d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "kimi/k2-test", false, ""))
-	if e := envelopeOf(t, body); status != 503 || e["code"] != "credential_unauthorized" || fake.total() != 0 {
-		t.Errorf("vault of schema 2: %d %s after %d calls, want 503 credential_unauthorized and no call", status, body, fake.total())
+	for _, tc := range []struct {
+		name, vault string // vault "": the donated one, made group-readable
+	}{
+		{"vault of schema 2", `{"schema_version":2,"direct":{},"subscriptions":{}}`},
+		{"group-readable vault", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := stateEnv(t)
+			fake := newKeyedFake(t, map[string]string{"kimi-1": "200"})
+			env["BRAMA_PROVIDER_KIMI_BASE_URL"] = fake.URL
+			d := startDaemon(t, env, "")
+			tok, _ := agentWithSubs(t, d, "a1", "kimi", "kimi-1")
+			path := filepath.Join(env["BRAMA_STATE_DIR"], "vault.json")
+			var err error
+			if tc.vault != "" {
+				err = os.WriteFile(path, []byte(tc.vault), 0o600)
+			} else {
+				err = os.Chmod(path, 0o640)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			status, _, body := d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "kimi/k2-test", false, ""))
+			if e := envelopeOf(t, body); status != 503 || e["code"] != "credential_unauthorized" || e["message"] != "the vault is unreadable" || fake.total() != 0 {
+				t.Errorf("%d %s after %d calls, want 503 credential_unauthorized naming the vault and no call", status, body, fake.total())
+			}
+		})
 	}
 }
 

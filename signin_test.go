@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -307,6 +308,74 @@ func TestCredentialPut(t *testing.T) {
 	}
 	for _, secret := range []string{"sk-put-new-0123456789", "put-refresh-0123456789", "sk-put-stolen-0123456789", "sk-put-late-0123456789"} {
 		assertNoSecret(t, secret, logsBesidesFirstStart(d.stderr.String()), env["BRAMA_STATE_DIR"])
+	}
+}
+
+// TestCredentialPutJournalsItsOutcome: a replacement the vault refuses is journaled as a failed sign-in (SPEC §9's
+// result "failed"); one stored that the journal then refuses answers 503 naming both, the credential kept. It sets
+// the package hook testingOnlyRename, so it must not run in parallel with other writers.
+func TestCredentialPutJournalsItsOutcome(t *testing.T) {
+	env := stateEnv(t)
+	d := startDaemon(t, env, "")
+	s, _, b := d.call("POST", "/v1/admin/subscriptions/a", d.token, `{"provider":"kimi","api_key":"sk-put-0-0123456789"}`)
+	id := donatedID(t, s, b, "a", "kimi")
+	vaultPath, journalPath := filepath.Join(env["BRAMA_STATE_DIR"], "vault.json"), filepath.Join(env["BRAMA_STATE_DIR"], "journal.jsonl")
+	if err := os.WriteFile(journalPath, nil, 0o600); err != nil { // empty: opJournal reads it before the first sign-in
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { testingOnlyRename = nil })
+	tests := []struct {
+		name, key string
+		rename    func(oldpath, newpath string) error // the vault's; nil: os.Rename
+		status    int
+		code      string
+		msg       string // the refusal's
+		result    string // the sign-in journaled, with detail ("": none)
+		detail    string
+		vaultKey  string
+	}{
+		{name: "stored", key: "sk-put-1-0123456789", status: 200, result: "signed_in",
+			detail: "credential replaced by sign-in of client local", vaultKey: "sk-put-1-0123456789"},
+		{name: "the vault refuses", key: "sk-put-2-0123456789", rename: func(string, string) error { return errors.New("injected rename failure") },
+			status: 503, code: "dependency_unavailable", msg: "injected rename failure", result: "failed",
+			detail: "credential not replaced (client local): injected rename failure", vaultKey: "sk-put-1-0123456789"},
+		{name: "the journal refuses", key: "sk-put-3-0123456789", rename: func(oldpath, newpath string) error {
+			err := os.Rename(oldpath, newpath)
+			os.Chmod(journalPath, 0o640) // the append after the vault write refuses a group-readable journal
+			return err
+		}, status: 503, code: "dependency_unavailable", msg: id + " was stored, but the journal refused the sign-in: journal " + journalPath +
+			" has mode 0640; it must not be readable or writable by group or other (chmod 600)",
+			vaultKey: "sk-put-3-0123456789"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			testingOnlyRename = func(oldpath, newpath string) error {
+				if newpath == vaultPath && tc.rename != nil {
+					return tc.rename(oldpath, newpath)
+				}
+				return os.Rename(oldpath, newpath)
+			}
+			before := opJournal(t, env, "subscription_sign_in")
+			s, _, b := d.call("PUT", "/v1/admin/subscriptions/a/"+id+"/credential", d.token, `{"api_key":"`+tc.key+`"}`)
+			testingOnlyRename = nil
+			os.Chmod(journalPath, 0o600)
+			if s != tc.status || tc.code != "" && (envelopeOf(t, b)["code"] != tc.code || envelopeOf(t, b)["message"] != tc.msg) {
+				t.Errorf("%d %s, want %d %s %q", s, b, tc.status, tc.code, tc.msg)
+			}
+			after := opJournal(t, env, "subscription_sign_in")
+			want := len(before)
+			if tc.result != "" {
+				want++
+			}
+			if len(after) != want {
+				t.Errorf("%d subscription_sign_in records, want %d", len(after), want)
+			} else if last := after[len(after)-1]; tc.result != "" && (last.SubscriptionID != id || last.Result != tc.result || last.Detail != tc.detail) {
+				t.Errorf("last subscription_sign_in = %+v, want %s %q", last, tc.result, tc.detail)
+			}
+			if k := readVaultSubs(t, env)[id].APIKey; k != tc.vaultKey {
+				t.Errorf("the vault holds %q, want %q", k, tc.vaultKey)
+			}
+		})
 	}
 }
 
