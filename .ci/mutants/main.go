@@ -14,7 +14,8 @@
 // it), compile. Every survivor is a test to write or a line to delete.
 //
 // It takes about a second per mutant on two cores (the whole package: some
-// 1,900 mutants), so it is not part of CI. Run it from the repository root:
+// 1,900 mutants), so it is not part of CI. Run it from the repository root,
+// in the foreground or under setsid, never nohup (TESTING.md says why):
 //
 //	go run ./.ci/mutants -kinds if,loop,switch -files registry.go > mutants.tsv
 package main
