@@ -11,7 +11,9 @@
 // coverage names the tests that run each mutant's lines; those tests run
 // with MUTID=N, fail-fast. Verdicts, one tab-separated line per mutant:
 // killed, SURVIVED (the covering tests all pass), UNCOVERED (no test runs
-// it), compile. Every survivor is a test to write or a line to delete.
+// it), compile. Every survivor is a test to write or a line to delete. A
+// mutant that loses the state directory writes state files where the tests
+// run: see git status afterwards.
 //
 // It takes about a second per mutant on two cores (the whole package: some
 // 1,900 mutants), so it is not part of CI. Run it from the repository root,
