@@ -649,3 +649,25 @@ func TestRefreshRefusesBadOverrideWithoutLedgerChange(t *testing.T) {
 		t.Errorf("credential state = %q, want active", st)
 	}
 }
+
+// TestRefreshAfterShutdown: once shutdown has waited for the flights, no new one starts (its rotated token could not
+// be kept by a process on its way out): a refresh is refused and the token endpoint is never called.
+func TestRefreshAfterShutdown(t *testing.T) {
+	var calls atomic.Int32
+	srv := fakeTokenEndpoint(t, func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.Write([]byte(`{"access_token":"at-new","refresh_token":"rt-new","expires_in":3600}`))
+	})
+	f := newOAuthFixture(t, "claude-code", srv.URL+"/token")
+	f.seed(t, oauthSubID, oauthGrant{AccessToken: "at-old", RefreshToken: "rt-old", ExpiresAtMs: 1})
+	f.o.shutdown(make(chan struct{}))
+	if _, err := f.o.refresh(context.Background(), oauthSubID, "claude-code", ""); err == nil || err.Error() != "brama is shutting down" {
+		t.Errorf("refresh after shutdown: err = %v, want brama is shutting down", err)
+	}
+	if n := calls.Load(); n != 0 {
+		t.Errorf("token endpoint called %d times after shutdown, want 0", n)
+	}
+	if g := f.stored(t, oauthSubID); g.RefreshToken != "rt-old" {
+		t.Errorf("vault grant %+v, want the old one untouched", g)
+	}
+}
