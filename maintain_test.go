@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -593,4 +594,35 @@ func (fx *maintFixture) holdFirstUsageRead() (entered, release chan struct{}) {
 		fx.fake.defaultAnswer(w, r)
 	})
 	return entered, release
+}
+
+// TestMaintainStopAnswersAWaiter: an operator pass asked for while another runs, with the loop stopping before it,
+// is answered errMaintenanceStopped (503), never an empty report as if the pass had run.
+func TestMaintainStopAnswersAWaiter(t *testing.T) {
+	fx := newMaintFixture(t)
+	entered, release := make(chan struct{}), make(chan struct{})
+	fx.m.testingOnlyPassDone = func(string, time.Time, passReport) { // holds the start pass until the test says
+		close(entered)
+		<-release
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	fx.m.run(ctx, &wg)
+	<-entered
+	answered := make(chan error, 1)
+	go func() {
+		_, err := fx.m.passNow(context.Background())
+		answered <- err
+	}()
+	for pending := false; !pending; runtime.Gosched() { // passNow's ask is queued
+		fx.m.mu.Lock()
+		pending = fx.m.asked[""] != nil
+		fx.m.mu.Unlock()
+	}
+	cancel()
+	close(release)
+	wg.Wait()
+	if err := <-answered; err != errMaintenanceStopped {
+		t.Errorf("the waiter's answer = %v, want errMaintenanceStopped", err)
+	}
 }
