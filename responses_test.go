@@ -117,6 +117,7 @@ func TestParseResponsesRefuses(t *testing.T) {
 		{"unknown item", `{"model":"m","input":[{"type":"web_search_call","id":"w"}]}`},
 		{"content null", `{"model":"m","input":[{"role":"user","content":null}]}`},
 		{"content empty", `{"model":"m","input":[{"role":"user","content":[]}]}`},
+		{"content empty beside a full message", `{"model":"m","input":[` + u + `,{"role":"user","content":[]}]}`},
 		{"input_file part", `{"model":"m","input":[{"role":"user","content":[{"type":"input_file","file_data":"` + dialectPromptText + `"}]}]}`},
 		{"input_text without text", `{"model":"m","input":[{"role":"user","content":[{"type":"input_text"}]}]}`},
 		{"input_image by file id", `{"model":"m","input":[{"role":"user","content":[{"type":"input_image","file_id":"file_1"}]}]}`},
