@@ -48,13 +48,14 @@ func TestBearerAndAgentRefusals(t *testing.T) {
 	}
 	callerTok := addClient(t, env, "app")
 	tests := []struct {
-		name     string
-		method   string
-		path     string
-		token    string
-		hdr      []string
-		wantCode int
-		wantErr  string
+		name      string
+		method    string
+		path      string
+		token     string
+		hdr       []string
+		wantCode  int
+		wantErr   string
+		wantAllow string // a 405's Allow, as the mux would send it (RFC 9110 §15.5.6); none elsewhere
 	}{
 		{name: "missing bearer", method: "GET", path: "/v1/aliases", wantCode: 401, wantErr: "unauthenticated"},
 		{name: "other scheme", method: "GET", path: "/v1/aliases", hdr: []string{"Authorization", "Basic " + callerTok}, wantCode: 401, wantErr: "unauthenticated"},
@@ -65,8 +66,8 @@ func TestBearerAndAgentRefusals(t *testing.T) {
 		{name: "admin on admin", method: "GET", path: "/v1/admin/routes", token: d.token, wantCode: 200},
 		{name: "unknown path", method: "GET", path: "/v1/nothing", token: callerTok, wantCode: 404, wantErr: "not_found"},
 		{name: "unknown path without auth", method: "POST", path: "/nope", wantCode: 404, wantErr: "not_found"},
-		{name: "wrong method", method: "POST", path: "/health", wantCode: 405, wantErr: "method_not_allowed"},
-		{name: "wrong method on admin", method: "PATCH", path: "/v1/admin/routes", token: d.token, wantCode: 405, wantErr: "method_not_allowed"},
+		{name: "wrong method", method: "POST", path: "/health", wantCode: 405, wantErr: "method_not_allowed", wantAllow: "GET, HEAD"},
+		{name: "wrong method on admin", method: "PATCH", path: "/v1/admin/routes", token: d.token, wantCode: 405, wantErr: "method_not_allowed", wantAllow: "DELETE, GET, HEAD, PUT"},
 		{name: "health without auth", method: "GET", path: "/health", wantCode: 200},
 	}
 	for _, tc := range tests {
@@ -77,6 +78,9 @@ func TestBearerAndAgentRefusals(t *testing.T) {
 			}
 			if hdr.Get("X-Request-Id") == "" {
 				t.Errorf("no X-Request-Id")
+			}
+			if got := strings.Join(hdr.Values("Allow"), ", "); got != tc.wantAllow {
+				t.Errorf("Allow = %q, want %q", got, tc.wantAllow)
 			}
 			if tc.wantErr == "" {
 				return
