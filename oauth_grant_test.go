@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -141,4 +142,24 @@ func FuzzTokenAnswer(f *testing.F) {
 			t.Fatalf("round trip: %+v, %v; want %+v", again, err, ans)
 		}
 	})
+}
+
+// TestTokenRefusalSentenceRedacts: a refusal's sentence has the presented secrets redacted, but not one shorter than
+// 8 bytes, which no real token is: replacing it would garble the provider's words.
+func TestTokenRefusalSentenceRedacts(t *testing.T) {
+	for _, tc := range []struct {
+		desc    string
+		secrets []string
+		want    string
+	}{
+		{"token rt-9f8e7d6c is revoked", []string{"rt-9f8e7d6c"}, "token [redacted] is revoked"},
+		{"the grant is revoked", []string{"an", "", "rt-9f8e7d6c"}, "the grant is revoked"},
+	} {
+		body := fmt.Sprintf(`{"error":"invalid_grant","error_description":%q}`, tc.desc)
+		_, err := readTokenAnswer("https://e/t", 400, []byte(body), nil, tc.secrets...)
+		var re *endpointError
+		if !errors.As(err, &re) || !re.Definitive || re.Sentence != tc.want {
+			t.Errorf("%q with secrets %q: sentence %q (%v), want %q", tc.desc, tc.secrets, valueOr(re, endpointError{}).Sentence, err, tc.want)
+		}
+	}
 }
