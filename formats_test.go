@@ -6,9 +6,11 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -570,4 +572,34 @@ func TestAdaptiveThinking(t *testing.T) {
 // joinText joins two instruction texts as the parsers do (chatRequest.addSystemOf).
 func joinText(sys, more string) string {
 	return strings.Join(slices.DeleteFunc([]string{sys, more}, func(s string) bool { return s == "" }), "\n\n")
+}
+
+// flushCounter is a ResponseWriter that counts its flushes.
+type flushCounter struct {
+	httptest.ResponseRecorder
+	flushes int
+}
+
+func (f *flushCounter) Flush() { f.flushes++ }
+
+// TestCallerStreamFlushesOnlyWhatIsUnflushed: a flushing write flushes only bytes written since the last flush (each
+// flush restarts the keep-alive timer), and after close nothing reaches the writer, the keep-alive's write included.
+func TestCallerStreamFlushesOnlyWhatIsUnflushed(t *testing.T) {
+	testingOnlyKeepAlive = time.Hour
+	t.Cleanup(func() { testingOnlyKeepAlive = 0 })
+	w := &flushCounter{ResponseRecorder: *httptest.NewRecorder()}
+	s := openStreamAnswer(w, nil, false, dialectChat, chatRequest{}, "m", 1)
+	for i, step := range []struct {
+		b     string
+		flush bool
+		want  int // flushes after the write, the head's included
+	}{{"a", false, 1}, {"", true, 2}, {"", true, 2}, {"b", true, 3}} {
+		if err := s.write([]byte(step.b), step.flush); err != nil || w.flushes != step.want {
+			t.Fatalf("write %d: %d flushes (%v), want %d", i, w.flushes, err, step.want)
+		}
+	}
+	s.close()
+	if err := s.write([]byte(": keep-alive\n\n"), true); err != nil || w.Body.String() != "ab" || w.flushes != 3 {
+		t.Fatalf("a write after close: err %v, body %q, %d flushes; want nothing written", err, w.Body.String(), w.flushes)
+	}
 }
