@@ -639,3 +639,16 @@ func TestStreamFailureThenHangUpIsRemembered(t *testing.T) {
 		t.Errorf("the buffered fallback: %d %s after %d provider calls; want the replayed 502 and one call", status, b, fake.calls.Load())
 	}
 }
+
+// TestPassthroughCodexMinimalStream: a buffered codex caller whose stream ended no item before response.completed
+// gets that response as sent, its output included.
+func TestPassthroughCodexMinimalStream(t *testing.T) {
+	completed := `{"type":"response.completed","response":{"id":"resp_m","object":"response","status":"completed","output":[{"type":"message","id":"msg_m","role":"assistant","content":[{"type":"output_text","text":"hi there","annotations":[]}]}],"usage":{"input_tokens":3,"output_tokens":2,"total_tokens":5}}}`
+	prov := newRecordingProvider(t, "", "event: response.completed\ndata: "+completed+"\n\n")
+	prov.alwaysStream = true
+	d, tok, _ := codexDaemon(t, prov.URL)
+	status, _, got := d.call("POST", "/v1/responses", tok, `{"model":"codex/gpt-5-codex","input":"hi"}`)
+	if want := rawMember([]byte(completed), "response"); status != 200 || string(got) != string(want) {
+		t.Fatalf("status %d, body %s; want 200 and the response as sent: %s", status, got, want)
+	}
+}
