@@ -361,8 +361,8 @@ func TestOptionsStar(t *testing.T) {
 	}
 	c.Close()
 	d.stop() // the log line is written before serve returns
-	if l := requestLine(t, d.stderr.String(), "request_id", id); l["method"] != "OPTIONS" || l["outcome"] != "not_found" {
-		t.Errorf("log line %v, want method OPTIONS and outcome not_found", l)
+	if l := requestLine(t, d.stderr.String(), "request_id", id); l["method"] != "OPTIONS" || l["outcome"] != "not_found" || l["status"] != 404.0 {
+		t.Errorf("log line %v, want method OPTIONS, outcome not_found and status 404", l)
 	}
 }
 
@@ -516,6 +516,26 @@ func TestAgentRefusalsBeforeTheBody(t *testing.T) {
 				t.Errorf("%d close=%v %s, want %d with Connection: close", resp.StatusCode, resp.Close, b, tc.want)
 			}
 		})
+	}
+}
+
+// A request without a body has nothing left to read: its answer keeps the connection, and the log line gives the
+// answer's status.
+func TestBodilessRequestKeepsTheConnection(t *testing.T) {
+	env := stateEnv(t)
+	d := startDaemon(t, env, "")
+	resp, err := http.Get(d.url + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Close {
+		t.Errorf("GET /health: %d close=%v, want 200 without Connection: close", resp.StatusCode, resp.Close)
+	}
+	d.stop() // every request has written its log line
+	if l := requestLine(t, d.stderr.String(), "request_id", resp.Header.Get("X-Request-Id")); l["status"] != 200.0 {
+		t.Errorf("log line status %v, want 200", l["status"])
 	}
 }
 
