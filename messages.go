@@ -273,10 +273,8 @@ func encodeMessages(req *chatRequest, c call, h http.Header) ([]byte, error) {
 	req.dropShared(req.Shared)
 	turns, inLoop := []messagesTurn{}, false // in a tool loop: the last assistant turn calls a tool
 	for _, m := range req.Messages {
-		content, err := req.messagesContent(m.Parts)
-		if m.Role == "system" {
-			content = jsonText(textOf(m.Parts, ""))
-		} else if m.Role == "assistant" {
+		content, err := req.messagesContent(m.Parts) // a later system turn too: Claude takes its text as blocks
+		if m.Role == "assistant" {
 			inLoop = slices.ContainsFunc(m.Parts, func(p part) bool { return p.Type == partToolCall })
 		}
 		if err != nil {

@@ -250,6 +250,14 @@ func TestTranslationAcrossFormats(t *testing.T) {
 				"messages[0].content[2].source": `{"data":"JVBE","media_type":"application/pdf","type":"base64"}`},
 		},
 		{
+			// Claude takes a system message mid-conversation, its content a string or text blocks; an empty one is left out.
+			name: "a later system message toward messages is a system turn of text blocks", path: "/v1/chat/completions", provider: "anthropic",
+			body: `{"model":"anthropic/claude-test","max_tokens":100,"messages":[{"role":"user","content":"q"},{"role":"system","content":"stay brief"},
+				{"role":"assistant","content":"a"},{"role":"developer","content":""},{"role":"user","content":"again"}]}`,
+			wantUpstream: map[string]string{"messages[1]": `{"content":[{"text":"stay brief","type":"text"}],"role":"system"}`,
+				"messages[2].role": `"assistant"`, "messages[3].role": `"user"`, "messages[4]": ``},
+		},
+		{
 			name: "a text document from messages is a text/plain data URL", path: "/v1/messages", provider: "openai-responses",
 			body: `{"model":"openai-responses/gpt-test","max_tokens":100,"messages":[{"role":"user","content":[{"type":"text","text":"q"},
 				{"type":"document","source":{"type":"text","media_type":"text/plain","data":"hello"}}]}]}`,
