@@ -248,3 +248,28 @@ func TestSubscriptionListTable(t *testing.T) {
 		t.Errorf("the gateway was asked for %q, want the agent as one escaped segment", uri)
 	}
 }
+
+// TestCLIGatewayAnswers: an admin command quotes the gateway's envelope; an answer that is not what Brama's route
+// answers (another server's 404 page, a 200 of another shape) is named so, quoting nothing of it.
+func TestCLIGatewayAnswers(t *testing.T) {
+	for _, tc := range []struct {
+		status int
+		body   string
+		want   string
+	}{
+		{404, "<html>Not Found</html>", "brama: the gateway answered 404 unknown: not what Brama's GET /v1/admin/subscriptions/a1 answers\n"},
+		{200, `[1,2]`, "brama: the gateway answered 200 unknown: not what Brama's GET /v1/admin/subscriptions/a1 answers\n"},
+		{503, `{"error":{"code":"dependency_unavailable","message":"the vault is unreadable"}}`,
+			"brama: the gateway answered 503 dependency_unavailable: the vault is unreadable\n"},
+	} {
+		gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(tc.status)
+			w.Write([]byte(tc.body))
+		}))
+		out, errOut, code := runCLI(t, map[string]string{"BRAMA_TOKEN": "brama_t"}, "", "subscription", "list", "-agent", "a1", "-gateway", gw.URL)
+		gw.Close()
+		if code != 1 || out != "" || errOut != tc.want {
+			t.Errorf("gateway answering %d %s: exit %d, stdout %q, stderr %q; want exit 1 and %q", tc.status, tc.body, code, out, errOut, tc.want)
+		}
+	}
+}
