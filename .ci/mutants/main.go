@@ -36,6 +36,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 )
 
 // mutant is one statement: its file, byte span, lines and kind.
@@ -49,14 +50,15 @@ func main() {
 	files := flag.String("files", "", "comma-separated non-test `files` to mutate (default: all)")
 	kinds := flag.String("kinds", "", "comma-separated statement `kinds` (default: all)")
 	jobs := flag.Int("j", 2, "test binaries run at once")
+	timeout := flag.Duration("timeout", 60*time.Second, "a mutant's tests may run this long (a deadlock it makes counts as killed)")
 	flag.Parse()
-	if err := run(*files, *kinds, *jobs); err != nil {
+	if err := run(*files, *kinds, *jobs, *timeout); err != nil {
 		fmt.Fprintln(os.Stderr, "mutants:", err)
 		os.Exit(1)
 	}
 }
 
-func run(files, kinds string, jobs int) error {
+func run(files, kinds string, jobs int, timeout time.Duration) error {
 	root, _ := os.Getwd()
 	tmp, err := os.MkdirTemp("", "mutants")
 	if err != nil {
@@ -108,7 +110,7 @@ func run(files, kinds string, jobs int) error {
 						yield(t)
 					}
 				}), "|") + ")$"
-				c := exec.Command(bin, "-test.count=1", "-test.failfast", "-test.timeout=60s", "-test.run", pattern)
+				c := exec.Command(bin, "-test.count=1", "-test.failfast", "-test.timeout="+timeout.String(), "-test.run", pattern)
 				c.Env = append(os.Environ(), fmt.Sprintf("MUTID=%d", i))
 				report(m, map[bool]string{true: "killed", false: "SURVIVED"}[c.Run() != nil])
 			}
