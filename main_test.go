@@ -203,3 +203,20 @@ func TestAnswersPruneHelp(t *testing.T) {
 		t.Errorf("answers prune -older-than 0s: exit %d, %q %q; want 0", code, out, errOut)
 	}
 }
+
+// TestServeStartedLogLine: serve logs serve_started with the address it listens on, its version, and whether it has
+// a state directory (AUTHORIZATION.md lists the event).
+func TestServeStartedLogLine(t *testing.T) {
+	d := startDaemon(t, stateEnv(t), "")
+	d.stop()
+	for l := range strings.SplitSeq(d.stderr.String(), "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) == nil && m["msg"] == "serve_started" {
+			if want := strings.TrimPrefix(d.url, "http://"); m["addr"] != want || m["version"] != version || m["state_dir"] != true {
+				t.Errorf("serve_started line %v, want addr %s, version %s, state_dir true", m, want, version)
+			}
+			return
+		}
+	}
+	t.Errorf("no serve_started line in:\n%s", d.stderr.String())
+}

@@ -625,4 +625,28 @@ func TestMaintainStopAnswersAWaiter(t *testing.T) {
 	if err := <-answered; err != errMaintenanceStopped {
 		t.Errorf("the waiter's answer = %v, want errMaintenanceStopped", err)
 	}
+	if n := fx.m.metrics()["brama_maintenance_pending"]; n != 0 {
+		t.Errorf("brama_maintenance_pending = %v after the loop stopped, want 0", n)
+	}
+}
+
+// TestMaintainStopDisarms: when the loop stops, the timer it armed for the ledger's next moment is stopped too.
+func TestMaintainStopDisarms(t *testing.T) {
+	fx := newMaintFixture(t)
+	T := maintT0.Add(time.Hour)
+	fx.donate(t, "claude-code", grant("CC", T))
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	fx.m.run(ctx, &wg)
+	fx.nextPass(t)
+	if at := fx.timers.nextArmed(t); !at.Equal(T) {
+		t.Fatalf("timer armed for %s, want the grant's expiry %s", at, T)
+	}
+	cancel()
+	wg.Wait()
+	fx.timers.mu.Lock()
+	defer fx.timers.mu.Unlock()
+	if ft := fx.timers.timers[len(fx.timers.timers)-1]; ft.Stop() || len(fx.timers.timers) != 1 { // Stop reports whether it was still armed
+		t.Errorf("%d timers, the last for %s still armed after the loop stopped", len(fx.timers.timers), ft.at)
+	}
 }
