@@ -235,12 +235,14 @@ func TestUsageReadRequests(t *testing.T) {
 		// A usage read is a GET without a body: the chat route's headers
 		// but no Content-Type.
 		{name: "claude-code", path: fakeClaudeUsage, want: map[string]string{
-			"Anthropic-Version": "2023-06-01", "Anthropic-Beta": "oauth-2025-04-20", "Chatgpt-Account-Id": "", "Originator": "", "Content-Type": ""}},
+			"Anthropic-Version": "2023-06-01", "Anthropic-Beta": "oauth-2025-04-20", "Chatgpt-Account-Id": "", "Originator": "", "Content-Type": "", "Accept": "application/json"}},
 		{name: "codex", path: fakeCodexUsage, want: map[string]string{
 			"Authorization": "Bearer plantedAccessCX", "Chatgpt-Account-Id": "acct-123", "Openai-Beta": "responses=experimental",
-			"Originator": "codex_cli_rs", "Anthropic-Beta": "", "Content-Type": ""}},
+			"Originator": "codex_cli_rs", "Anthropic-Beta": "", "Content-Type": "", "Accept": "application/json"}},
 		{name: "kimi", path: fakeKimiUsage, want: map[string]string{
-			"Authorization": "Bearer plantedAccessKO", "Anthropic-Beta": "", "Originator": "", "Content-Type": ""}},
+			"Authorization": "Bearer plantedAccessKO", "Anthropic-Beta": "", "Originator": "", "Content-Type": "", "Accept": "application/json"}},
+		// A refresh asks for JSON, which some token endpoints send only when asked.
+		{name: "claude-code refresh", path: "/token/claude-code", want: map[string]string{"Accept": "application/json"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
