@@ -53,9 +53,9 @@ func TestConcurrentAdminRouteWrites(t *testing.T) {
 	if n != 32 || len(bad) != 0 || torn {
 		t.Errorf("journal: %d route_change lines (want 32), %d bad, torn=%v", n, len(bad), torn)
 	}
-	status, _, body := d.call("GET", "/v1/admin/routes", d.token, "")
-	if status != 200 || !bytes.Equal(body, b) {
-		t.Errorf("GET /v1/admin/routes = %d, not the committed file:\n%s", status, body)
+	status, hdr, body := d.call("GET", "/v1/admin/routes", d.token, "")
+	if status != 200 || !bytes.Equal(body, b) || hdr.Get("Content-Type") != "application/json" {
+		t.Errorf("GET /v1/admin/routes = %d (%s), not the committed file as application/json:\n%s", status, hdr.Get("Content-Type"), body)
 	}
 	assertOwnerOnly(t, dir)
 }

@@ -520,7 +520,7 @@ func TestAgentRefusalsBeforeTheBody(t *testing.T) {
 }
 
 // A request without a body has nothing left to read: its answer keeps the connection, and the log line gives the
-// answer's status.
+// answer's status, also when a handler wrote its body without a status of its own.
 func TestBodilessRequestKeepsTheConnection(t *testing.T) {
 	env := stateEnv(t)
 	d := startDaemon(t, env, "")
@@ -533,9 +533,12 @@ func TestBodilessRequestKeepsTheConnection(t *testing.T) {
 	if resp.StatusCode != 200 || resp.Close {
 		t.Errorf("GET /health: %d close=%v, want 200 without Connection: close", resp.StatusCode, resp.Close)
 	}
-	d.stop() // every request has written its log line
-	if l := requestLine(t, d.stderr.String(), "request_id", resp.Header.Get("X-Request-Id")); l["status"] != 200.0 {
-		t.Errorf("log line status %v, want 200", l["status"])
+	_, metrics, _ := d.call("GET", "/metrics", d.token, "") // written without a WriteHeader of its own
+	d.stop()                                                // every request has written its log line
+	for _, id := range []string{resp.Header.Get("X-Request-Id"), metrics.Get("X-Request-Id")} {
+		if l := requestLine(t, d.stderr.String(), "request_id", id); l["status"] != 200.0 {
+			t.Errorf("%s log line status %v, want 200", l["path"], l["status"])
+		}
 	}
 }
 

@@ -138,7 +138,7 @@ func TestModelsEmbeddingsStatsMetrics(t *testing.T) {
 		t.Errorf("/metrics: %v", m)
 	}
 	status, hdr, body = d.call("GET", "/metrics", d.token, "")
-	if status != 200 || !strings.HasPrefix(hdr.Get("Content-Type"), "text/plain") ||
+	if status != 200 || hdr.Get("Content-Type") != "text/plain; version=0.0.4; charset=utf-8" || // Prometheus' text format
 		!strings.Contains(string(body), `brama_route_requests_total{route="openai/gpt-test"} 1`) ||
 		!strings.Contains(string(body), "brama_attempts_total 2") {
 		t.Errorf("/metrics: %d %s", status, body)
