@@ -78,31 +78,46 @@ func TestReadyzWarnsOfARelativeFileVariable(t *testing.T) {
 }
 
 // TestReadyzWarnsOfAnExposedStateDirectory: a state directory group or other
-// may write lets another user remove the journal (bringing retired
-// subscriptions back) or replace a file; the files' own guards cannot see
-// it, so /readyz warns, naming the rule, not the path (SPEC §13).
+// may write, or another user owns, lets someone else remove the journal
+// (bringing retired subscriptions back) or replace a file; the files' own
+// guards cannot see it, so /readyz warns, naming the rule, not the path
+// (SPEC §13). Without a state directory it warns with the cause.
 func TestReadyzWarnsOfAnExposedStateDirectory(t *testing.T) {
 	for _, tc := range []struct {
-		mode os.FileMode
-		want string
+		mode  os.FileMode // 0: no state directory at all
+		owner int         // chown the directory to this uid (as root only); 0: leave it
+		want  string
 	}{
-		{0o700, ""},
-		{0o750, ""},
-		{0o770, "the state directory has mode 0770"},
-		{0o1777, "the state directory has mode 0777"},
+		{0o700, 0, ""},
+		{0o750, 0, ""},
+		{0o770, 0, "the state directory has mode 0770"},
+		{0o1777, 0, "the state directory has mode 0777"},
+		{0o700, 65534, "the state directory is owned by uid 65534, not this process's uid 0, who may remove or replace its files"},
+		{0, 0, "no state directory: $HOME is not defined"},
 	} {
-		env := stateEnv(t)
-		os.MkdirAll(env["BRAMA_STATE_DIR"], 0o700)
-		os.Chmod(env["BRAMA_STATE_DIR"], tc.mode)
+		env, dir := stateEnv(t), "\x00" // a path no answer holds
+		if tc.mode == 0 {
+			env = map[string]string{}
+		} else {
+			dir = env["BRAMA_STATE_DIR"]
+			os.MkdirAll(dir, 0o700)
+			os.Chmod(dir, tc.mode)
+		}
+		if tc.owner != 0 && os.Geteuid() != 0 {
+			continue // only root gives a directory away
+		} else if tc.owner != 0 {
+			os.Chown(dir, tc.owner, tc.owner)
+		}
 		d := startDaemon(t, env, "")
 		_, _, b := d.call("GET", "/readyz", "", "")
 		var rd readiness
 		if err := json.Unmarshal(b, &rd); err != nil {
 			t.Fatal(err)
 		}
-		warned := slices.ContainsFunc(rd.Warnings, func(w string) bool { return strings.Contains(w, "the state directory has mode") })
-		if tc.want == "" && warned || tc.want != "" && !slices.ContainsFunc(rd.Warnings, func(w string) bool { return strings.Contains(w, tc.want) }) || strings.Contains(string(b), env["BRAMA_STATE_DIR"]) {
-			t.Errorf("mode %#o: /readyz %s, want a warning %q (none when empty), without the path", tc.mode, b, tc.want)
+		warned := slices.ContainsFunc(rd.Warnings, func(w string) bool { return strings.Contains(w, "state directory") })
+		if tc.want == "" && warned || tc.want != "" && !slices.Contains(rd.Warnings, tc.want) && !slices.ContainsFunc(rd.Warnings,
+			func(w string) bool { return strings.HasPrefix(w, tc.want+":") }) || strings.Contains(string(b), dir) {
+			t.Errorf("mode %#o, owner %d: /readyz %s, want a warning %q (none when empty), without the path", tc.mode, tc.owner, b, tc.want)
 		}
 	}
 }
