@@ -192,6 +192,26 @@ func TestTranslationAcrossFormats(t *testing.T) {
 			wantDropped:  "reasoning_effort",
 		},
 		{
+			// The API refuses temperature and top_p beside thinking: both go, named.
+			name: "sampling beside a thinking budget is named", path: "/v1/chat/completions", provider: "anthropic",
+			body:         `{"model":"anthropic/claude-test","max_tokens":30000,"messages":[{"role":"user","content":"q"}],"reasoning_effort":"high","temperature":0.3,"top_p":0.9}`,
+			wantUpstream: map[string]string{"thinking": `{"budget_tokens":24576,"type":"enabled"}`, "temperature": ``, "top_p": ``},
+			wantDropped:  "temperature, top_p",
+		},
+		{
+			name: "a messages tool's members with no counterpart are named", path: "/v1/messages", provider: "openai-responses",
+			body: `{"model":"openai-responses/gpt-test","max_tokens":100,"messages":[{"role":"user","content":"q"}],
+				"tools":[{"name":"f","input_schema":{"type":"object"},"cache_control":{"type":"ephemeral"}}]}`,
+			wantUpstream: map[string]string{"tools[0].name": `"f"`, "tools[0].cache_control": ``},
+			wantDropped:  "cache_control",
+		},
+		{
+			name: "a member of text with no counterpart is named", path: "/v1/responses", provider: "anthropic",
+			body:         `{"model":"anthropic/claude-test","max_output_tokens":100,"input":"q","text":{"format":{"type":"text"},"future_member":1}}`,
+			wantUpstream: map[string]string{"future_member": ``, "output_config": ``},
+			wantDropped:  "future_member",
+		},
+		{
 			name: "a hosted tool toward chat is named", path: "/v1/responses", provider: "openai",
 			body:         `{"model":"openai/gpt-test","input":"hi","tools":[{"type":"web_search"},{"type":"custom","name":"apply_patch"}],"tool_choice":{"type":"custom","name":"apply_patch"},"logit_bias":{"1":2}}`,
 			wantUpstream: map[string]string{"tools[0].type": `"custom"`, "tools[0].custom.name": `"apply_patch"`, "tool_choice.custom.name": `"apply_patch"`},

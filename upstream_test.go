@@ -388,3 +388,26 @@ func FuzzDecodeUpstream(f *testing.F) {
 		}
 	})
 }
+
+// TestCodexDropsWhatItsBackendRefuses: toward codex a translated request loses, and names, its output limit,
+// temperature, top_p, metadata, safety_identifier and user, which the backend refuses (SPEC §6.2); store goes false.
+func TestCodexDropsWhatItsBackendRefuses(t *testing.T) {
+	codex, _ := lookupProvider("codex")
+	half := 0.5
+	req := chatRequest{MaxTokens: 100, LimitName: "max_completion_tokens", Temperature: &half, TopP: &half,
+		Shared:   openAIShared{Store: json.RawMessage(`true`), Metadata: json.RawMessage(`{"a":"b"}`), SafetyIdentifier: json.RawMessage(`"s"`), User: json.RawMessage(`"u"`)},
+		Messages: []message{{Role: "user", Parts: []part{{Type: partText, Text: "hi"}}}}}
+	hr, err := buildUpstreamRequest(context.Background(), call{res: resolution{Provider: codex, Model: "gpt-5-codex"}, baseURL: "https://base.test/v1",
+		cred: upstreamCredential{AccessToken: "codex-access", AccountID: "acct-123"}}, &req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(hr.Body)
+	want := `{"model":"gpt-5-codex","stream":true,"instructions":"You are a helpful assistant.","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"hi"}]}],"store":false}`
+	if string(b) != want {
+		t.Errorf("body\n got %s\nwant %s", b, want)
+	}
+	if diff := cmp.Diff([]string{"max_completion_tokens", "temperature", "top_p", "metadata", "safety_identifier", "user"}, req.Dropped); diff != "" {
+		t.Errorf("dropped (-want +got):\n%s", diff)
+	}
+}
