@@ -603,3 +603,38 @@ func TestCallerStreamFlushesOnlyWhatIsUnflushed(t *testing.T) {
 		t.Fatalf("a write after close: err %v, body %q, %d flushes; want nothing written", err, w.Body.String(), w.flushes)
 	}
 }
+
+// TestResponsesCallItemsWhole: a call item is added with empty arguments, and a call whose pieces go on after its
+// item was done (a provider interleaving text and a call) ends with its whole arguments, in the events and the response.
+func TestResponsesCallItemsWhole(t *testing.T) {
+	var buf bytes.Buffer
+	s := newCallerStream(dialectResponses, chatRequest{}, &buf, func() {}, "m")
+	for i, step := range []func() error{
+		func() error { return s.frames(s, stepBegin, nil, "") },
+		func() error { return s.call(0, part{ToolCallID: "c1", ToolName: "f", Arguments: `{"a"`}) },
+		func() error { return s.text("hi") },
+		func() error { return s.call(0, part{Arguments: `:1}`}) },
+		func() error { return s.finish(nil) },
+	} {
+		if err := step(); err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+	}
+	var added, completed string
+	for _, f := range splitTestSSE(t, buf.String()) {
+		switch f.Event {
+		case "response.output_item.added":
+			if added == "" {
+				added = f.Data
+			}
+		case "response.completed":
+			completed = f.Data
+		}
+	}
+	if !strings.Contains(added, `"type":"function_call"`) || !strings.Contains(added, `"arguments":""`) {
+		t.Errorf("the call's output_item.added %s, want a function_call with empty arguments", added)
+	}
+	if !strings.Contains(completed, `"arguments":"{\"a\":1}"`) {
+		t.Errorf("response.completed %s, want the call's whole arguments", completed)
+	}
+}
