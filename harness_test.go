@@ -5,11 +5,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -296,4 +299,19 @@ func cutAfterFlush(w http.ResponseWriter) {
 	if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
 		conn.Close()
 	}
+}
+
+// logEvent reports whether logs hold a JSON line of event msg whose members hold want's values (a string member
+// holding the wanted text).
+func logEvent(logs, msg string, want map[string]string) bool {
+	for l := range strings.SplitSeq(logs, "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) != nil || m["msg"] != msg {
+			continue
+		}
+		if !slices.ContainsFunc(slices.Collect(maps.Keys(want)), func(k string) bool { return !strings.Contains(fmt.Sprint(m[k]), want[k]) }) {
+			return true
+		}
+	}
+	return false
 }

@@ -535,7 +535,10 @@ func TestRefreshVaultWriteFails(t *testing.T) {
 	if st := f.l.entry(oauthSubID).Credential.State; st != credActive {
 		t.Errorf("credential state = %q, want %q", st, credActive)
 	}
-	f.v.writeUnwritten(f.o.log) // the vault still refuses: kept
+	f.v.writeUnwritten(f.o.log) // the vault still refuses: kept, and logged naming the grant's subscription
+	if want := `"msg":"credential_refresh_unwritten","subscriptions":["` + oauthSubID + `"]`; !strings.Contains(f.logs.String(), want) {
+		t.Errorf("the pass's failed write is not logged as %s:\n%s", want, f.logs.String())
+	}
 	// A second rotation the vault refuses replaces the first, still against the grant on disk (rt-old).
 	if g, err := f.o.refresh(context.Background(), oauthSubID, "claude-code", ""); err != nil || g.RefreshToken != "rt-new2" {
 		t.Fatalf("second refresh = %+v, %v; want the rotated grant", g, err)

@@ -214,6 +214,9 @@ func TestSignInReplacesAndDonates(t *testing.T) {
 			if last.SubscriptionID != got || last.Provider != "claude-code" || last.Result != "signed_in" || last.Detail == "" {
 				t.Errorf("last subscription_sign_in = %+v", last)
 			}
+			if !logEvent(d.stderr.String(), "subscription_sign_in", map[string]string{"subscription_id": got, "agent_id": "a1", "result": "signed_in"}) {
+				t.Errorf("no subscription_sign_in log line for %s:\n%s", got, d.stderr.String())
+			}
 		})
 	}
 	if n := len(opJournal(t, env, "subscription_sign_in")); n != 2 {

@@ -315,6 +315,11 @@ func TestSubscriptionRetireAndReinstate(t *testing.T) {
 	if gs, _ := statusOf(other); gs != "active" {
 		t.Errorf("a refused retire changed the other subscription to %s", gs)
 	}
+	for _, ev := range []string{"subscription_donated", "subscription_retire", "subscription_reinstate"} {
+		if !logEvent(d.stderr.String(), ev, map[string]string{"subscription_id": id, "agent_id": "a1"}) {
+			t.Errorf("no %s line for %s of agent a1:\n%s", ev, id, d.stderr.String())
+		}
+	}
 }
 
 // TestSubscriptionOverlayWriteFails injects a rename failure for the overlay
@@ -347,6 +352,9 @@ func TestSubscriptionOverlayWriteFails(t *testing.T) {
 	defer mu.Unlock()
 	if s != 500 || envelopeOf(t, b)["code"] != "internal_error" {
 		t.Fatalf("donation with a failing overlay write: %d %s, want 500 internal_error", s, b)
+	}
+	if !logEvent(d.stderr.String(), "subscription_overlay_write_failed", map[string]string{"subscription_id": "sub_", "cause": "injected overlay rename failure"}) {
+		t.Errorf("no subscription_overlay_write_failed line naming its cause:\n%s", d.stderr.String())
 	}
 	// The vault first, then the overlay; its failure takes the secret back.
 	if want := "vault.json," + overlayFile + ",vault.json"; strings.Join(renamed, ",") != want {
