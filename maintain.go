@@ -278,7 +278,7 @@ func (m *maintainer) passOnce(ctx context.Context, agent string) (rep passReport
 	}
 	rep.err = err
 	if err != nil {
-		m.o.log.Warn("maintenance_pass_failed", "cause", redact(err.Error()))
+		m.o.log.Warn("maintenance_pass_failed", "agent_id", agent, "cause", redact(err.Error()))
 		return rep
 	}
 	m.o.log.Info("maintenance_pass_done", "agent_id", agent, "ok", rep.OK, "usage_read", rep.Usage.Read, "usage_failed", len(rep.Usage.Failed),

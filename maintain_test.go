@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -648,5 +649,20 @@ func TestMaintainStopDisarms(t *testing.T) {
 	defer fx.timers.mu.Unlock()
 	if ft := fx.timers.timers[len(fx.timers.timers)-1]; ft.Stop() || len(fx.timers.timers) != 1 { // Stop reports whether it was still armed
 		t.Errorf("%d timers, the last for %s still armed after the loop stopped", len(fx.timers.timers), ft.at)
+	}
+}
+
+// TestMaintenancePassFailedIsLogged: a pass that cannot read the inventory fails, not OK, and says so in
+// maintenance_pass_failed with its agent_id (AUTHORIZATION.md: every maintenance_pass_* line carries it).
+func TestMaintenancePassFailedIsLogged(t *testing.T) {
+	fx := newMaintFixture(t)
+	fx.donate(t, "kimi", vaultCredential{APIKey: "sk-kimi-0123456789"})
+	os.WriteFile(filepath.Join(fx.env["BRAMA_STATE_DIR"], overlayFile), []byte("{"), 0o600)
+	rep := fx.m.passOnce(context.Background(), "a1")
+	if rep.err == nil || rep.OK {
+		t.Fatalf("a pass over an unreadable overlay = %+v, want it failed", rep)
+	}
+	if !logEvent(fx.logs.String(), "maintenance_pass_failed", map[string]string{"agent_id": "a1", "cause": overlayFile}) {
+		t.Errorf("no maintenance_pass_failed line with agent_id a1 naming the overlay:\n%s", fx.logs.String())
 	}
 }
