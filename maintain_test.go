@@ -439,6 +439,9 @@ func TestMaintainCoalescesAndDropsRequests(t *testing.T) {
 	if st := fx.m.metrics(); st["brama_maintenance_requests_dropped_total"] != 1 {
 		t.Errorf("requests dropped = %v, want 1", st["brama_maintenance_requests_dropped_total"])
 	}
+	if !logEvent(fx.logs.String(), "maintenance_request_dropped", map[string]string{"agent_id": "a1", "reason": "subscription_reauthorization_required"}) {
+		t.Errorf("the dropped request has no debug line naming its agent and reason")
+	}
 	// A change makes the next request count again, once.
 	fx.m.changed()
 	fx.m.request("again", "a1")
