@@ -475,3 +475,27 @@ func TestInventoryReadiness(t *testing.T) {
 		}
 	}
 }
+
+// TestInventoryCacheExpiresForEveryAgent: once the TTL has passed, every agent's listing is read afresh, not only
+// that of the agent whose listing noticed it.
+func TestInventoryCacheExpiresForEveryAgent(t *testing.T) {
+	env := stateEnv(t)
+	clock := &testClock{t: time.Unix(1_800_000_000, 0)}
+	inv, _ := newTestInventory(t, env, clock)
+	var ids []string
+	for _, agent := range []string{"a1", "b1"} {
+		it, err := inv.store(overlayItem{AgentID: agent, Provider: "kimi"}, vaultCredential{APIKey: "sk-exp-0123456789"}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, it.ID)
+		inv.list(agent) // cached
+	}
+	other := newJournal(resolveState(testEnv(env)), testSys(t, clock.now)) // a change the cache cannot see
+	other.append(journalRecord{Kind: "retire", SubscriptionID: ids[1], Reason: "x"})
+	clock.advance(inv.ttl + time.Second)
+	inv.list("a1") // notices the TTL
+	if rows, _ := inv.list("b1"); len(rows) != 1 || rows[0].Status != "retired" {
+		t.Errorf("b1's listing after the TTL is %+v, want it read afresh (retired)", rows)
+	}
+}
