@@ -611,6 +611,37 @@ func TestSignInRefusalAsksForAPassOnEveryRoute(t *testing.T) {
 	}
 }
 
+// TestReinstateCountsARefusalAgain: a refusal's pass request is dropped while nothing changed since a pass covering
+// the agent started, and counts again after an operator retires and reinstates a subscription (SPEC §11.2, §17).
+func TestReinstateCountsARefusalAgain(t *testing.T) {
+	provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) { io.WriteString(w, protocolFixtures[1].buffered) })
+	tokenEndpoint := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		http.Error(w, `{"error":"invalid_grant","error_description":"revoked"}`, 400)
+	})
+	d, tok := oauthSetup(t, provider, tokenEndpoint)
+	id := donateGrant(t, d, "acc-expired-0123", "ref-0123456789", time.Now().Add(-time.Hour).UnixMilli())
+	refuse := func(step string, wantRequests, wantDropped int) {
+		t.Helper()
+		if status, _, body := d.call("POST", "/v1/messages", tok, chatBody(dialectMessages, "claude-code/claude-test", false, "")); status != 503 {
+			t.Fatalf("%s: %d %s, want the sign-in refusal", step, status, body)
+		}
+		_, _, metrics := d.call("GET", "/metrics", d.token, "")
+		requests := strings.Count(d.stderr.String(), `"msg":"maintenance_requested"`)
+		if dropped := fmt.Sprintf("brama_maintenance_requests_dropped_total %d\n", wantDropped); requests != wantRequests || !strings.Contains(string(metrics), dropped) {
+			t.Errorf("%s: %d maintenance_requested lines, want %d; metrics want %q:\n%s", step, requests, wantRequests, dropped, metrics)
+		}
+	}
+	refuse("first refusal", 1, 0)
+	d.stderr.waitFor(t, `"msg":"maintenance_pass_done","agent_id":"a1"`)
+	refuse("no change since", 1, 1)
+	for _, c := range [][2]string{{"DELETE", ""}, {"POST", "/reinstate"}} {
+		if s, _, b := d.call(c[0], "/v1/admin/subscriptions/a1/"+id+c[1], d.token, `{"reason":"back"}`); s != 200 {
+			t.Fatalf("%s %s: %d %s", c[0], c[1], s, b)
+		}
+	}
+	refuse("after a reinstatement", 2, 1)
+}
+
 // TestListingShowsARequestsCredentialChangeAtOnce: a credential state the
 // request path changed shows in the next listing, not after the listing
 // cache's TTL (SPEC §10.2): a 401 on one key marks it while the next key
