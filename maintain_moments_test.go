@@ -98,7 +98,8 @@ func TestMaintainIgnoresMomentsOfRetiredSubscriptions(t *testing.T) {
 }
 
 // TestMaintainRearmsWhenASubscriptionRetires: retiring the subscription
-// whose moment the timer waits for re-arms it for the next live moment.
+// whose moment the timer waits for re-arms it for the next live moment,
+// stopping the timer it replaces.
 func TestMaintainRearmsWhenASubscriptionRetires(t *testing.T) {
 	fx := newMaintFixture(t)
 	soonAt, laterAt := maintT0.Add(time.Hour), maintT0.Add(2*time.Hour)
@@ -114,6 +115,11 @@ func TestMaintainRearmsWhenASubscriptionRetires(t *testing.T) {
 	}
 	if at := fx.timers.nextArmed(t); !at.Equal(laterAt) {
 		t.Errorf("after the retirement the timer is armed for %s, want %s", at, laterAt)
+	}
+	fx.timers.mu.Lock()
+	defer fx.timers.mu.Unlock()
+	if ft := fx.timers.timers[0]; !ft.at.Equal(soonAt) || ft.Stop() { // Stop reports whether it was still armed
+		t.Errorf("the timer for %s is still armed beside its replacement", ft.at)
 	}
 }
 
