@@ -582,8 +582,8 @@ type flushCounter struct {
 
 func (f *flushCounter) Flush() { f.flushes++ }
 
-// TestCallerStreamFlushesOnlyWhatIsUnflushed: a flushing write flushes only bytes written since the last flush (each
-// flush restarts the keep-alive timer), and after close nothing reaches the writer, the keep-alive's write included.
+// TestCallerStreamFlushesOnlyWhatIsUnflushed: a flushing write flushes only bytes written since the last flush, and
+// each flush restarts the keep-alive timer; close stops it, and after close nothing reaches the writer.
 func TestCallerStreamFlushesOnlyWhatIsUnflushed(t *testing.T) {
 	testingOnlyKeepAlive = time.Hour
 	t.Cleanup(func() { testingOnlyKeepAlive = 0 })
@@ -598,8 +598,15 @@ func TestCallerStreamFlushesOnlyWhatIsUnflushed(t *testing.T) {
 			t.Fatalf("write %d: %d flushes (%v), want %d", i, w.flushes, err, step.want)
 		}
 	}
+	if s.timer.Stop(); s.write([]byte("c"), true) != nil || !s.timer.Stop() { // Stop reports whether it was armed
+		t.Errorf("a flush did not restart the keep-alive")
+	}
+	s.write([]byte("d"), true)
 	s.close()
-	if err := s.write([]byte(": keep-alive\n\n"), true); err != nil || w.Body.String() != "ab" || w.flushes != 3 {
+	if s.timer.Stop() {
+		t.Errorf("the keep-alive is still armed after close")
+	}
+	if err := s.write([]byte(": keep-alive\n\n"), true); err != nil || w.Body.String() != "abcd" || w.flushes != 5 {
 		t.Fatalf("a write after close: err %v, body %q, %d flushes; want nothing written", err, w.Body.String(), w.flushes)
 	}
 }
