@@ -599,3 +599,39 @@ func startOpenAIServe(t *testing.T, cmd *exec.Cmd, baseURL string) (stdout, stde
 	t.Cleanup(func() { cmd.Process.Kill() })
 	return stdout, stderr
 }
+
+// TestCutRequestLogsServerShutdown, in process: a request still running when the second stop signal cuts it is
+// logged server_shutdown, its provider call cancelled (TestShutdownDrainsThenCuts shows the same on the binary).
+func TestCutRequestLogsServerShutdown(t *testing.T) {
+	arrived, hungUp := make(chan struct{}), make(chan struct{})
+	prov := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		close(arrived)
+		<-r.Context().Done()
+		close(hungUp)
+	})
+	env := stateEnv(t)
+	d := startDaemon(t, env, providerEnv(env, map[string]*fakeProvider{"openai": prov}), "-local-credentials-stdin")
+	answered := make(chan int, 1)
+	go func() {
+		req, _ := http.NewRequest("POST", d.url+"/v1/chat/completions", strings.NewReader(chatBody(dialectChat, "openai/gpt-test", false, "")))
+		req.Header.Set("Authorization", "Bearer "+d.token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			answered <- 0
+			return
+		}
+		resp.Body.Close()
+		answered <- resp.StatusCode
+	}()
+	<-arrived
+	stopped := make(chan struct{})
+	go func() { d.stop(); close(stopped) }()
+	d.stderr.waitFor(t, `"msg":"serve_draining"`)
+	d.cut()
+	<-hungUp
+	<-stopped
+	<-answered
+	if l := requestLines(d.stderr.String(), "/v1/chat/completions"); len(l) != 1 || l[0]["outcome"] != "server_shutdown" {
+		t.Errorf("request log lines %v, want one with outcome server_shutdown", l)
+	}
+}
