@@ -499,3 +499,18 @@ func TestInventoryCacheExpiresForEveryAgent(t *testing.T) {
 		t.Errorf("b1's listing after the TTL is %+v, want it read afresh (retired)", rows)
 	}
 }
+
+// TestCredentialIsACopy: a grant handed out by credential is the caller's own; changing it leaves the vault's cache.
+func TestCredentialIsACopy(t *testing.T) {
+	env := stateEnv(t)
+	inv, _ := newTestInventory(t, env, &testClock{t: time.Unix(1_800_000_000, 0)})
+	it, err := inv.store(overlayItem{AgentID: "a1", Provider: "claude-code"}, vaultCredential{OAuth: &oauthGrant{AccessToken: "at-0123456789", RefreshToken: "rt-0123456789"}}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := inv.credential(it.ID)
+	c.OAuth.AccessToken = "changed by a caller"
+	if again, err := inv.credential(it.ID); err != nil || again.OAuth.AccessToken != "at-0123456789" {
+		t.Errorf("credential after a caller changed its copy = %+v, %v; want the vault's grant", again.OAuth, err)
+	}
+}
