@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -200,6 +202,15 @@ func TestProbe(t *testing.T) {
 				t.Errorf("the probe answer carries a credential: %s", b)
 			}
 		})
+	}
+	// A probe refused before any call (here: a vault its guard refuses) is the probe's own refusal: no attempts key.
+	vault := filepath.Join(env["BRAMA_STATE_DIR"], "vault.json")
+	os.Chmod(vault, 0o644)
+	before := prov.calls.Load()
+	s, _, b := d.call("POST", probePath("a", oa), d.token, `{"model":"gpt-test"}`)
+	os.Chmod(vault, 0o600)
+	if e := envelopeOf(t, b); s != 503 || e["code"] != "credential_unauthorized" || e["attempts"] != nil || prov.calls.Load() != before {
+		t.Errorf("a probe with an unreadable vault: %d %s, want 503 credential_unauthorized without attempts and no call", s, b)
 	}
 	logs := d.stderr.String()
 	if !strings.Contains(logs, `"msg":"usage_probe_ok"`) || !strings.Contains(logs, `"msg":"usage_probe_failed"`) {
