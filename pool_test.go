@@ -614,7 +614,9 @@ func TestSignInRefusalAsksForAPassOnEveryRoute(t *testing.T) {
 // TestReinstateCountsARefusalAgain: a refusal's pass request is dropped while nothing changed since a pass covering
 // the agent started, and counts again after an operator retires and reinstates a subscription (SPEC §11.2, §17).
 func TestReinstateCountsARefusalAgain(t *testing.T) {
-	provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) { io.WriteString(w, protocolFixtures[1].buffered) })
+	provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		io.WriteString(w, protocolFixtures[1].buffered)
+	})
 	tokenEndpoint := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
 		http.Error(w, `{"error":"invalid_grant","error_description":"revoked"}`, 400)
 	})
