@@ -515,6 +515,11 @@ func TestAgentRefusalsBeforeTheBody(t *testing.T) {
 			if resp.StatusCode != tc.want || !resp.Close {
 				t.Errorf("%d close=%v %s, want %d with Connection: close", resp.StatusCode, resp.Close, b, tc.want)
 			}
+			// A whole small body, already in the server's buffer, changes nothing: the header says the same.
+			c = rawConn(t, d, tc.head+"Host: brama\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+			if resp, err = http.ReadResponse(bufio.NewReader(c), nil); err != nil || resp.StatusCode != tc.want || !resp.Close {
+				t.Errorf("with a whole body: %v, %v; want %d with Connection: close", resp, err, tc.want)
+			}
 		})
 	}
 }
