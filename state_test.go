@@ -1,9 +1,11 @@
 package main
 
 import (
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -53,5 +55,37 @@ func TestStateFileKeepsAbsence(t *testing.T) {
 	}
 	if n, err := f.load(); n != 2 || err != nil || parses != 2 {
 		t.Errorf("after the file appeared: %d, %v after %d parses, want its 2 bytes read at once", n, err, parses)
+	}
+}
+
+// TestRefusedOpensCloseTheirFiles: a file a guard refuses, or whose lock is held elsewhere, is closed, not leaked:
+// a long-running serve meets such refusals on every read of a broken state file.
+func TestRefusedOpensCloseTheirFiles(t *testing.T) {
+	fds := func() int {
+		ents, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Skip("no /proc/self/fd to count open files with")
+		}
+		return len(ents)
+	}
+	dir := t.TempDir()
+	exposed, locked := filepath.Join(dir, "exposed.json"), filepath.Join(dir, "locked.json")
+	os.WriteFile(exposed, []byte("{}"), 0o644)
+	holder, err := flockFile(locked, os.O_RDWR|os.O_CREATE, syscall.LOCK_EX|syscall.LOCK_NB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	before := fds()
+	for range 200 {
+		if f, _, err := guardFile("test file", exposed, true); f != nil || err == nil {
+			t.Fatal("a group-readable file passed the guard")
+		}
+		if f, err := flockFile(locked, os.O_RDONLY, syscall.LOCK_SH|syscall.LOCK_NB); f != nil || !errors.Is(err, syscall.EWOULDBLOCK) {
+			t.Fatalf("a lock held elsewhere was taken: %v", err)
+		}
+	}
+	if grown := fds() - before; grown > 50 { // other tests' connections may come and go; 400 refusals leaking would show
+		t.Errorf("%d more files open after 400 refused opens", grown)
 	}
 }
