@@ -185,3 +185,12 @@ func BenchmarkEncodeMessagesImage(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkTranslatedStream20 is a Messages caller's stream from the 20-event chat stream: every event translated.
+func BenchmarkTranslatedStream20(b *testing.B) {
+	brama, _, token := passthroughBench(b)
+	body := `{"model":"openai/gpt-test","max_tokens":100,"messages":[{"role":"user","content":"hi"}],"stream":true}`
+	for b.Loop() {
+		benchPost(b, strings.Replace(brama, "/chat/completions", "/messages", 1), token, body)
+	}
+}

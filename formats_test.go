@@ -95,7 +95,7 @@ type testSSEFrame struct {
 // splitTestSSE parses an SSE body into frames. It is strict about the shape
 // Brama writes: every frame ends with a blank line, lines are "event: ",
 // "data: " or ": " comments, and at most one data line per frame.
-// newCallerStream writes dialect to w, flushing every frame (flush may be nil), reporting model.
+// newCallerStream writes dialect to w, flushing where the stream flushes (flush may be nil), reporting model.
 func newCallerStream(dialect string, req chatRequest, w io.Writer, flush func(), model string) *callerStream {
 	return &callerStream{w: w, flush: flush, frames: formatOf(dialect).frames, req: req, model: model}
 }
@@ -193,12 +193,12 @@ var dialectStreamCases = []struct {
 }
 
 // runCallerStream feeds events through a caller stream of dialect and returns
-// the body and how many times flush ran.
+// the body and how many of its bytes the last flush sent.
 func runCallerStream(t *testing.T, dialect string, events []streamEvent) (string, int) {
 	t.Helper()
 	var buf bytes.Buffer
-	flushes := 0
-	s := newCallerStream(dialect, chatRequest{StreamUsage: true}, &buf, func() { flushes++ }, "m")
+	flushed := -1
+	s := newCallerStream(dialect, chatRequest{StreamUsage: true}, &buf, func() { flushed = buf.Len() }, "m")
 	if err := s.frames(s, stepBegin, nil, ""); err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +210,7 @@ func runCallerStream(t *testing.T, dialect string, events []streamEvent) (string
 	if err := s.finish(nil); err != nil {
 		t.Fatal(err)
 	}
-	return buf.String(), flushes
+	return buf.String(), flushed
 }
 
 // TestStreamsReassemble checks that each dialect's stream, parsed back the
@@ -229,10 +229,10 @@ func TestStreamsReassemble(t *testing.T) {
 	for _, d := range dialects {
 		for _, tc := range dialectStreamCases {
 			t.Run(d.dialect+"/"+tc.name, func(t *testing.T) {
-				body, flushes := runCallerStream(t, d.dialect, tc.events)
+				body, flushed := runCallerStream(t, d.dialect, tc.events)
 				frames := splitTestSSE(t, body)
-				if flushes != len(frames) {
-					t.Errorf("flush ran %d times for %d events", flushes, len(frames))
+				if flushed != len(body) { // finish flushes what is left (TestTranslatedStreamHoldsNoEvent: the rest)
+					t.Errorf("the last flush sent %d of the stream's %d bytes", flushed, len(body))
 				}
 				want := tc.want
 				if d.dialect == dialectMessages && !want.Usage.Reported {
@@ -299,8 +299,8 @@ func TestStreamFail(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			var buf bytes.Buffer
-			flushes := 0
-			s := newCallerStream(tc.dialect, chatRequest{}, &buf, func() { flushes++ }, "m")
+			flushed := -1
+			s := newCallerStream(tc.dialect, chatRequest{}, &buf, func() { flushed = buf.Len() }, "m")
 			s.frames(s, stepBegin, nil, "")
 			feed(s, streamEvent{Kind: eventText, Text: "partial"})
 			feed(s, streamEvent{Kind: eventToolCallStart, ToolCall: toolCall{ID: "c", Name: "f"}})
@@ -312,8 +312,8 @@ func TestStreamFail(t *testing.T) {
 				t.Errorf("finish after fail = %v, want errStreamDone", err)
 			}
 			frames := splitTestSSE(t, buf.String())
-			if flushes != len(frames) {
-				t.Errorf("flush ran %d times for %d events", flushes, len(frames))
+			if flushed != buf.Len() { // SPEC §7.5: the in-band error is flushed, then the response aborted
+				t.Errorf("the last flush sent %d of the stream's %d bytes", flushed, buf.Len())
 			}
 			for _, f := range frames {
 				if f.Data == "[DONE]" || f.Event == "message_stop" || f.Event == "response.completed" || f.Event == "message_delta" {
@@ -643,5 +643,71 @@ func TestResponsesCallItemsWhole(t *testing.T) {
 	}
 	if !strings.Contains(completed, `"arguments":"{\"a\":1}"`) {
 		t.Errorf("response.completed %s, want the call's whole arguments", completed)
+	}
+}
+
+// TestTranslatedStreamHoldsNoEvent: a translated stream flushes what it wrote before Brama next waits on the provider
+// (SPEC §7.5, REFERENCE), as a relay does (the last row), so no event waits in Brama for a later one, also when the
+// last event of a read writes nothing (a chat chunk of an empty delta, Anthropic's ping). The provider sends its first
+// read, then waits until the caller has the text; if Brama held it, the provider gives up after 10 s (a failure
+// detector, not a clock).
+func TestTranslatedStreamHoldsNoEvent(t *testing.T) {
+	const (
+		chatFirst = "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"Hel\"}}]}\n\n" +
+			"data: {\"choices\":[{\"index\":0,\"delta\":{}}]}\n\n"
+		chatRest = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"lo\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n"
+		msgFirst = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":4,\"output_tokens\":1}}}\n\n" +
+			"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n" +
+			"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hel\"}}\n\n" +
+			"event: ping\ndata: {\"type\":\"ping\"}\n\n"
+		msgRest = "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"lo\"}}\n\n" +
+			"event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n" +
+			"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":2}}\n\n" +
+			"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+	)
+	seen := make(chan chan struct{}, 1) // the running case's: closed once its caller has the first text
+	provider := func(first, rest string) *fakeProvider {
+		return newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, first)
+			w.(http.Flusher).Flush()
+			select {
+			case <-<-seen:
+			case <-time.After(10 * time.Second):
+				t.Errorf("the caller did not get the first read's text while the provider waited")
+			}
+			io.WriteString(w, rest)
+		})
+	}
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = provider(chatFirst, chatRest).URL
+	env["BRAMA_PROVIDER_ANTHROPIC_BASE_URL"] = provider(msgFirst, msgRest).URL
+	d := startDaemon(t, env, `{"openai":"k1","anthropic":"k2"}`, "-local-credentials-stdin")
+	for _, tc := range []struct{ dialect, model, text string }{
+		{dialectMessages, "openai/gpt-test", `"text":"Hel"`},
+		{dialectResponses, "openai/gpt-test", `"delta":"Hel"`},
+		{dialectChat, "anthropic/claude-test", `"content":"Hel"`},
+		{dialectChat, "openai/gpt-test", `"content":"Hel"`}, // passthrough: relayed as received, flushed the same way
+	} {
+		t.Run(tc.dialect+" from "+tc.model, func(t *testing.T) {
+			got := make(chan struct{})
+			seen <- got
+			resp := d.openStream(dialectPaths[tc.dialect], d.token, chatBody(tc.dialect, tc.model, true, ""))
+			defer resp.Body.Close()
+			var body []byte
+			for buf := make([]byte, 4096); ; {
+				n, err := resp.Body.Read(buf)
+				if body = append(body, buf[:n]...); got != nil && bytes.Contains(body, []byte(tc.text)) {
+					close(got)
+					got = nil
+				}
+				if err != nil {
+					break
+				}
+			}
+			if got != nil || !bytes.Contains(body, []byte(`lo"`)) {
+				t.Errorf("caller got %q; want the first read's text before the provider went on, then the rest", body)
+			}
+		})
 	}
 }

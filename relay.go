@@ -101,14 +101,14 @@ func (s *callerStream) close() {
 func (s *callerStream) answer(c call, body io.Reader, whole []byte, translate, dropUsage bool) (_ usage, err error) {
 	s.rd = streamReader{protocol: c.res.Provider.protocol, secret: c.cred.bearer(), dropUsage: dropUsage}
 	if !translate {
-		err = s.rd.run(body, "\n", s.write) // passthrough's line ends
+		err = s.rd.run(body, "\n", s) // passthrough's line ends
 		return s.rd.usage, err
 	}
 	s.rd.out, s.rd.calls = s, map[int]*upstreamCall{}
 	if err = s.frames(s, stepBegin, nil, ""); err == nil && whole != nil {
 		err = formatOf(c.res.Provider.protocol).decode(whole, &s.rd)
 	} else if err == nil {
-		err = s.rd.run(body, "\r\n", nil) // translation's: WHATWG's
+		err = s.rd.run(body, "\r\n", s) // translation's: WHATWG's
 	}
 	if err == nil {
 		err = s.finish(nil)
@@ -233,7 +233,7 @@ func (s *callerStream) finish(failure *apiError) (err error) {
 		return errCallerStreamDone
 	} else if failure != nil {
 		s.done, s.failure = true, failure
-		return s.frames(s, stepFail, nil, "")
+		return cmp.Or(s.frames(s, stepFail, nil, ""), s.write(nil, true))
 	} else if s.rd.refusal {
 		s.rd.finish = finishContentFilter
 	}
@@ -244,24 +244,23 @@ func (s *callerStream) finish(failure *apiError) (err error) {
 		err = s.openBlock(nil)
 	}
 	if s.done = err == nil; s.done {
-		err = s.frames(s, stepEnd, nil, "")
+		err = cmp.Or(s.frames(s, stepEnd, nil, ""), s.write(nil, true))
 	}
 	return err
 }
 
-// frame writes one event, named when name is set; its data is Brama's own types, whose raw members it built valid.
-// A buffered answer's frames are discarded unmarshalled: only the body they keep counts.
+// frame writes one event unflushed (run flushes before it may wait, finish at the end), named when name is set; its
+// data is Brama's own types, whose raw members it built valid. A buffered answer's frames are discarded unmarshalled.
 func (s *callerStream) frame(name string, v any) error {
 	if s.w == nil {
 		return nil
 	} else if name != "" {
 		name = "event: " + name + "\n"
 	}
-	return s.write(slices.Concat([]byte(name+"data: "), must(json.Marshal(v)), []byte("\n\n")), true)
+	return s.write(slices.Concat([]byte(name+"data: "), must(json.Marshal(v)), []byte("\n\n")), false)
 }
 
-// write writes b and, when flush is set, flushes what is unflushed (SPEC §7.5), which restarts the keep-alive; a
-// relay flushes only where it may wait next: a timer reset per event costs CPU.
+// write writes b and, when flush is set, flushes what is unflushed (SPEC §7.5), which restarts the keep-alive.
 func (s *callerStream) write(b []byte, flush bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -310,26 +309,27 @@ type upstreamCall struct {
 	streamed bool   // text or arguments given: the end gives none
 }
 
-// run reads body's events, lines ending at a byte of ends (newSSEReader), to the terminal signal (SPEC §7.5),
-// relaying them as received to relay when set; nil only after the terminal signal: a cut or in-band error is
-// provider_incomplete, a malformed event provider_failure. A chat stream ended without [DONE] gets it.
-func (r *streamReader) run(body io.Reader, ends string, relay func(block []byte, flush bool) error) error {
+// run reads body's events (lines end at a byte of ends) to the terminal signal (SPEC §7.5), relaying them as received
+// to w but when translating (w nil: the codex buffered answer's), and flushing w before a read that may wait (not per
+// event: that costs CPU), so none waits in Brama for a later one. nil only after the terminal signal: a cut or in-band
+// error is provider_incomplete, a malformed event provider_failure. A chat stream ended without [DONE] gets it.
+func (r *streamReader) run(body io.Reader, ends string, w *callerStream) error {
 	rd := newSSEReader(body, ends)
 	for {
+		if w != nil && !rd.ready() { // a write error sticks: the next write returns it
+			w.write(nil, true)
+		}
 		raw, event, data, err := rd.next()
 		if err != nil && !r.finished {
 			return streamCut(err)
-		} else if err != nil && relay != nil { // only chat is finished before its end ([DONE])
-			return relay([]byte("data: [DONE]\n\n"), false)
+		} else if err != nil && w != nil && r.out == nil { // only chat is finished before its end ([DONE])
+			return w.write([]byte("data: [DONE]\n\n"), false)
 		} else if err != nil {
 			return nil
 		}
 		keep, end, err := r.read(event, data)
-		if !keep {
-			raw = nil
-		}
-		if err == nil && relay != nil { // flush if the next read may wait on the provider
-			err = relay(raw, !end && !rd.ready())
+		if err == nil && keep && w != nil && r.out == nil {
+			err = w.write(raw, false)
 		}
 		if err != nil || end {
 			return err
