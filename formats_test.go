@@ -92,14 +92,14 @@ type testSSEFrame struct {
 	Comment string
 }
 
-// splitTestSSE parses an SSE body into frames. It is strict about the shape
-// Brama writes: every frame ends with a blank line, lines are "event: ",
-// "data: " or ": " comments, and at most one data line per frame.
 // newCallerStream writes dialect to w, flushing where the stream flushes (flush may be nil), reporting model.
 func newCallerStream(dialect string, req chatRequest, w io.Writer, flush func(), model string) *callerStream {
 	return &callerStream{w: w, flush: flush, frames: formatOf(dialect).frames, req: req, model: model}
 }
 
+// splitTestSSE parses an SSE body into frames. It is strict about the shape
+// Brama writes: every frame ends with a blank line, lines are "event: ",
+// "data: " or ": " comments, and at most one data line per frame.
 func splitTestSSE(t *testing.T, body string) []testSSEFrame {
 	t.Helper()
 	if body != "" && !strings.HasSuffix(body, "\n\n") {
