@@ -222,12 +222,12 @@ func TestSecondServeRefused(t *testing.T) {
 // Codex CLI does so after response.completed) had its whole answer: the log
 // line says ok with its one call, not client_cancelled.
 func TestHangUpAfterTheTerminalEventIsOK(t *testing.T) {
-	// Translated streams: a passthrough's last event is flushed as the handler returns.
+	// Translated streams end flushed (finish); a passthrough's last event is flushed as the handler returns.
 	for _, fx := range protocolFixtures[:2] {
 		t.Run(fx.provider, func(t *testing.T) {
 			env := stateEnv(t)
 			d := startDaemon(t, env, providerEnv(env, map[string]*fakeProvider{fx.provider: fixtureProvider(t, fx)}), "-local-credentials-stdin")
-			testingOnlyBeforeLog = func(r *http.Request) { <-r.Context().Done() } // the hang-up lands before the log line // the hang-up lands before the log line
+			testingOnlyBeforeLog = func(r *http.Request) { <-r.Context().Done() } // the hang-up lands before the log line
 			defer func() { testingOnlyBeforeLog = nil }()
 			resp := d.openStream("/v1/responses", d.token, chatBody(dialectResponses, fx.model, true, ""))
 			sc := bufio.NewScanner(resp.Body)
