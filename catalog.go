@@ -343,7 +343,7 @@ func writeMetrics(w io.Writer, perf map[string]perfEntry, extra map[string]float
 	}
 	for _, n := range slices.Sorted(maps.Keys(extra)) {
 		if promMetricName.MatchString(n) {
-			typ := map[bool]string{true: "counter", false: "gauge"}[strings.HasSuffix(n, "_total")]
+			typ := pick(strings.HasSuffix(n, "_total"), "counter", "gauge")
 			fmt.Fprintf(w, "# TYPE %s %s\n%s %s\n", n, typ, n, formatMetric(extra[n]))
 		}
 	}

@@ -93,7 +93,7 @@ func parseChatCompletions(cr *callerRequest) (chatRequest, error) {
 	var b chatRequestBody
 	req, err := newCallerRequest(cr, &b, &b.callerHead, "model messages tools tool_choice parallel_tool_calls max_tokens max_completion_tokens temperature top_p stop response_format reasoning_effort verbosity stream stream_options "+openAISharedNames)
 	req.Shared, req.ParallelToolCalls, req.Verbosity = b.openAIShared, b.ParallelToolCalls, b.Verbosity
-	req.Effort, req.EffortName = b.ReasoningEffort, map[bool]string{true: "reasoning_effort"}[b.ReasoningEffort != ""]
+	req.Effort, req.EffortName = b.ReasoningEffort, pick(b.ReasoningEffort != "", "reasoning_effort", "")
 	if rawShape(b.Stop) == '"' { // one sequence, or an array of them
 		b.Stop = slices.Concat([]byte("["), b.Stop, []byte("]"))
 	}
@@ -204,7 +204,7 @@ func (req *chatRequest) setOpenAIToolChoice(raw json.RawMessage, nested bool) (e
 	if !isMode && !rawIsNull(raw) { // an object, or a type error naming tool_choice
 		err = decodeCallerJSON(raw, &tc, "tool_choice")
 	}
-	tc.Name = map[bool]string{false: tc.Name, true: tc.Function.Name + tc.Custom.Name}[nested]
+	tc.Name = pick(nested, tc.Function.Name+tc.Custom.Name, tc.Name)
 	switch {
 	case rawIsNull(raw) || err != nil:
 	case isMode && slices.Contains([]string{toolChoiceAuto, toolChoiceNone, toolChoiceRequired}, mode):
@@ -240,8 +240,8 @@ func encodeChat(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 	out := chatRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream}, ParallelToolCalls: req.ParallelToolCalls,
 		ReasoningEffort: req.Effort, Verbosity: req.Verbosity, ToolChoice: req.openAIToolChoice(true), Stop: jsonArray(req.Stop),
 		MaxTokens: ifSet(limit, !completion), MaxCompletionTokens: ifSet(limit, completion), openAIShared: req.Shared}
-	out.StreamOptions = map[bool]json.RawMessage{true: json.RawMessage(`{"include_usage":true}`)}[req.Stream]
-	msgs := map[bool][]chatMessage{false: {}, true: {{Role: "system", Content: jsonText(req.System)}}}[req.System != ""]
+	out.StreamOptions = pick(req.Stream, json.RawMessage(`{"include_usage":true}`), nil)
+	msgs := pick(req.System != "", []chatMessage{{Role: "system", Content: jsonText(req.System)}}, []chatMessage{})
 	for _, m := range req.Messages {
 		msg := chatMessage{Role: m.Role, Content: json.RawMessage("null")}
 		var parts []chatPart
@@ -277,7 +277,7 @@ func encodeChat(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 	for _, t := range req.Tools {
 		f := &chatFunction{tool: t}
 		f.Type = ""
-		tools = append(tools, map[bool]chatToolCall{false: {Type: t.Type, Function: f}, true: {Type: t.Type, Custom: f}}[t.Type == toolCustom])
+		tools = append(tools, pick(t.Type == toolCustom, chatToolCall{Type: t.Type, Custom: f}, chatToolCall{Type: t.Type, Function: f}))
 	}
 	out.Tools = jsonArray(tools)
 	if f := req.Output; f != nil {
@@ -301,8 +301,8 @@ func chatCall(index *int, id, name, args string, custom bool) chatToolCall {
 // call is tc as a neutral tool_call part: a custom call read from its custom member, else a function call from its
 // function; ok is false when that member, its id or name, a custom call's input, or a known type is missing.
 func (tc chatToolCall) call(custom bool) (part, bool) {
-	f := valueOr(map[bool]*chatFunction{false: tc.Function, true: tc.Custom}[custom], chatFunction{})
-	in := map[bool]*string{false: f.Arguments, true: f.Input}[custom]
+	f := valueOr(pick(custom, tc.Custom, tc.Function), chatFunction{})
+	in := pick(custom, f.Input, f.Arguments)
 	c := part{Type: partToolCall, ToolCallID: tc.ID, ToolName: f.Name, Arguments: valueOr(in, ""), Custom: custom}
 	return c, c.ToolCallID != "" && c.ToolName != "" && (!custom || in != nil) &&
 		slices.Contains([]string{"", toolFunction, toolCustom}, tc.Type)
@@ -321,7 +321,7 @@ func decodeChat(body []byte, rd *streamReader) error {
 		return malformedAnswer(protoOpenAIChat, err)
 	}
 	m := r.Choices[0].Message
-	calls := map[bool]string{false: finishStop, true: finishToolCalls}[len(m.ToolCalls) > 0]
+	calls := pick(len(m.ToolCalls) > 0, finishToolCalls, finishStop)
 	rd.finish = cmp.Or(chatFinishes[cmp.Or(valueOr(r.Choices[0].FinishReason, ""), calls)], finishStop)
 	u := valueOr(r.Usage, chatUsage{})
 	rd.usage = usage{u.PromptTokens, u.CompletionTokens, r.Usage != nil}

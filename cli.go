@@ -76,7 +76,7 @@ func commands() []command {
 			}},
 		{name: "clients add", args: "ID [-admin] [-agent A] [-allow NAME]...", pos: 1, purpose: "make a client; its token is printed once on stdout", example: "brama clients add app -allow chat", flags: []flagSpec{{"admin", false, "give the client the admin role (reaches /v1/admin/*)"}, agent("bind the client's bearer to `agent`"), {"allow", []string(nil), "allow only this model `name` (repeatable; exact names)"}},
 			run: func(e *cliEnv, o opts, p []string) error {
-				tok, role := newToken(), map[bool]string{false: roleCaller, true: roleAdmin}[o.b("admin")]
+				tok, role := newToken(), pick(o.b("admin"), roleAdmin, roleCaller)
 				c := client{ID: p[0], TokenSHA256: hexSHA256([]byte(tok)), Role: role, AgentID: o.s("agent"), AllowedModels: *o["allow"].(*[]string)}
 				cs := e.deps(e.sys()).clients
 				err := e.wrote(cs.path, cs.update(func(d *clientsDoc) error { // validate refuses a second client of that id
@@ -104,7 +104,7 @@ func commands() []command {
 				doc, err := e.deps(e.sys()).clients.load() // absent: no clients
 				return table(e.stdout, err, "ID\tROLE\tAGENT\tALLOWED\n", valueOr(doc, clientsDoc{}).Clients,
 					func(c client) []string {
-						allow := map[bool]string{true: "(any model)"}[c.AllowedModels == nil] + strings.Join(c.AllowedModels, ",")
+						allow := pick(c.AllowedModels == nil, "(any model)", "") + strings.Join(c.AllowedModels, ",")
 						return []string{c.ID, c.Role, cmp.Or(c.AgentID, "-"), allow}
 					})
 			}},
@@ -193,7 +193,7 @@ func commands() []command {
 						cred, used, top := valueOr(r.Credential, ledgerCredential{State: "-"}).State, "-", 0.0
 						for _, w := range r.Windows {
 							top = max(top, w.UsedFraction)
-							used = fmt.Sprintf("%.0f%%", top*100) + map[bool]string{true: " (stale)"}[r.Stale]
+							used = fmt.Sprintf("%.0f%%", top*100) + pick(r.Stale, " (stale)", "")
 						}
 						retired += boolCount(r.Status == "retired")
 						return []string{r.ID, r.Provider, r.Status, cred, used, cmp.Or(r.Label, "-")}

@@ -266,12 +266,7 @@ func parseJournalLine(line []byte) (r journalRecord, reason string) {
 	return r, ""
 }
 
-func boolCount(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
+func boolCount(b bool) int { return pick(b, 1, 0) }
 
 // validator is a document with rules beyond its shape; validate may fill in sections.
 type validator interface{ validate() error }

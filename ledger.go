@@ -283,7 +283,7 @@ func (l *ledger) recordUse(id, provider string, ok bool, in, out int) {
 // answered reactivates the credential (SPEC §10.3).
 func (l *ledger) recordCheck(id, provider string, probe, ok bool, detail string) {
 	l.mutate(id, provider, probe, func(e *ledgerEntry, now time.Time) {
-		*map[bool]*ledgerCheck{false: &e.UsageRead, true: &e.Probe}[probe] = ledgerCheck{now.UnixMilli(), ok, ledgerSentence(detail)}
+		*pick(probe, &e.Probe, &e.UsageRead) = ledgerCheck{now.UnixMilli(), ok, ledgerSentence(detail)}
 		if c := &e.Credential; probe && ok && c.State != credActive {
 			c.State, c.Cause, c.RecordedAtMs = credActive, "", now.UnixMilli()
 		}
@@ -424,7 +424,7 @@ func (n *number) UnmarshalJSON(b []byte) error {
 func numberOf(s string) number {
 	f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
 	if err == nil && !math.IsNaN(f) && !math.IsInf(f, 0) {
-		return number{v: f, ok: true, ms: epochMs(map[bool]float64{true: f * 1000, false: f}[f < 1e12])}
+		return number{v: f, ok: true, ms: epochMs(pick(f < 1e12, f*1000, f))}
 	}
 	tm, _ := time.Parse(time.RFC3339Nano, strings.TrimSpace(s)) // unparsed, it is year 1: before the epoch, no moment
 	return number{ms: epochMs(float64(tm.UnixMilli()))}

@@ -177,7 +177,7 @@ type endpointError struct {
 }
 
 func (e *endpointError) Error() string {
-	got := map[bool]string{true: "no status", false: fmt.Sprintf("HTTP %d", e.Status)}[e.Status == 0]
+	got := pick(e.Status == 0, "no status", fmt.Sprintf("HTTP %d", e.Status))
 	msg := fmt.Sprintf("%s %s: %s, %d bytes received", cmp.Or(e.Op, "OAuth token POST"), e.Endpoint, got, e.Received)
 	if e.Err != nil { // a definitive refusal states the provider's sentence instead
 		return msg + ": " + cmp.Or(e.Sentence, e.Err.Error())

@@ -239,10 +239,10 @@ func setProviderHeaders(h http.Header, p providerInfo, cred upstreamCredential, 
 			beta = append(beta, t)
 		}
 	}
-	accept := map[bool]string{false: "application/json", true: "text/event-stream"}[stream]
+	accept := pick(stream, "text/event-stream", "application/json")
 	for _, kv := range [...][2]string{{"Content-Type", "application/json"}, {"Accept", accept}, {"x-api-key", apiKey},
-		{"chatgpt-account-id", map[bool]string{true: cred.AccountID}[p.codex]}, p.header,
-		{betaName, strings.Join(beta, ",")}, {"Authorization", map[bool]string{true: "Bearer " + bearer}[bearer != ""]}} {
+		{"chatgpt-account-id", pick(p.codex, cred.AccountID, "")}, p.header,
+		{betaName, strings.Join(beta, ",")}, {"Authorization", pick(bearer != "", "Bearer "+bearer, "")}} {
 		if kv[1] != "" { // unset: the call carries no such header
 			h.Set(kv[0], kv[1])
 		}

@@ -443,7 +443,7 @@ func resolveModel(name string, doc *routesDoc, docErr error, hasDirect func(stri
 	case docErr != nil || !declared && known: // a known provider's canonical route, not read through the registry
 		dest, declared = name, false
 	case !declared:
-		fix := map[bool]string{true: name, false: "NAME"}[aliasPattern.MatchString(name)]
+		fix := pick(aliasPattern.MatchString(name), name, "NAME")
 		e := refuse("alias_unknown", "model %q is not a declared alias, a selector, best or a canonical route of a known provider; "+
 			"declare it: brama routes set %s ROUTE, or a prefix alias for a family: brama routes set 'claude-*' 'anthropic/*'", quoted, fix)
 		return resolution{}, withAlias(e, name, stateNoRoute, nil)

@@ -345,10 +345,8 @@ func (r *streamReader) read(event string, data []byte) (keep, end bool, err erro
 	if ok {
 		e, ok = splitRaw(data, '{', r.scratch[0][:])
 	}
-	typ := cmp.Or(string(rawText(e.value("type"))), event) // a switch on it allocates nothing
-	if r.protocol == protoOpenAIChat || event == "error" && r.protocol == protoAnthropic {
-		typ = event // chat's events have no type
-	}
+	typeless := r.protocol == protoOpenAIChat || event == "error" && r.protocol == protoAnthropic // chat's events have no type
+	typ := pick(typeless, event, cmp.Or(string(rawText(e.value("type"))), event))                 // a switch on it allocates nothing
 	switch {
 	case done && !r.finished:
 		return false, false, streamCut(io.EOF)
@@ -390,11 +388,9 @@ func (r *streamReader) inBandError(e rawObject) *apiError {
 	code, _ := jsonScalar(e.value("code"))
 	f, _ := errorObject(e.value("error"))
 	failed, _ := errorObject(rawMember(e.value("response"), "error"))
-	code = cmp.Or(code, map[bool]string{true: f.typ}[r.protocol == protoAnthropic], f.code, f.typ, failed.code)
-	class := map[string]string{"rate_limit_exceeded": refusalRate, "rate_limit_error": refusalRate, "usage_limit_reached": refusalRate}[code]
-	if quotaCodes[code] {
-		class = refusalQuota
-	}
+	code = cmp.Or(code, pick(r.protocol == protoAnthropic, f.typ, ""), f.code, f.typ, failed.code)
+	rate := slices.Contains([]string{"rate_limit_exceeded", "rate_limit_error", "usage_limit_reached"}, code)
+	class := pick(quotaCodes[code], refusalQuota, pick(rate, refusalRate, ""))
 	se := &upstreamStreamError{Code: cmp.Or(cleanQuoted(code, r.secret, 64), "unspecified"), Class: class}
 	return refuse("provider_incomplete", "the provider stream failed with error %q", se.Code).because(se)
 }

@@ -108,7 +108,7 @@ func parseResponses(cr *callerRequest) (chatRequest, error) {
 	req.dropUnknown(rawMember(cr.body.src, "reasoning"), "effort")
 	req.dropUnknown(rawMember(cr.body.src, "text"), "format verbosity")
 	req.Shared, req.ParallelToolCalls, req.System, req.Verbosity = b.openAIShared, b.ParallelToolCalls, b.Instructions, b.Text.Verbosity
-	req.Effort, req.EffortName = b.Reasoning.Effort, map[bool]string{true: "effort"}[b.Reasoning.Effort != ""]
+	req.Effort, req.EffortName = b.Reasoning.Effort, pick(b.Reasoning.Effort != "", "effort", "")
 	switch {
 	case string(b.Input) == `""`, rawShape(b.Input) != '"' && rawShape(b.Input) != '[':
 		err = cmp.Or(err, error(refuse("invalid_request", "input is required: a non-empty string or an array of items")))
@@ -198,7 +198,7 @@ func encodeResponses(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 	}
 	items := []responsesItem{}
 	for _, m := range req.Messages {
-		role := map[bool]string{false: m.Role, true: "developer"}[m.Role == "system" && c.res.Provider.codex] // codex refuses system items
+		role := pick(m.Role == "system" && c.res.Provider.codex, "developer", m.Role) // codex refuses system items
 		var content []responsesPart
 		for i, p := range m.Parts { // a call or a result has no content; the content before it (or at the end) is one message item
 			content = append(content, responsesContent([]part{p}, m.Role == "assistant")...)
@@ -208,7 +208,7 @@ func encodeResponses(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 			if p.Type == partToolCall { // named in its namespace as the caller declared it
 				t := valueOr(req.findTool(p.ToolName), tool{Name: p.ToolName})
 				it := responsesItem{Type: responsesCallTypes[p.Custom], CallID: p.ToolCallID, Namespace: t.Namespace, Name: t.memberName()}
-				it.fill(map[bool]string{false: argumentsText(p.Arguments), true: p.Arguments}[p.Custom]) // a custom tool's input as is
+				it.fill(pick(p.Custom, p.Arguments, argumentsText(p.Arguments))) // a custom tool's input as is
 				items = append(items, it)
 			} else if p.Type == partToolResult { // its text, or parts with its images and documents
 				output := jsonText(p.Text)
@@ -234,7 +234,7 @@ func encodeResponses(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 func (it *responsesItem) call() (part, bool) {
 	tc := part{Type: partToolCall, ToolCallID: it.CallID, ToolName: strings.TrimPrefix(it.Namespace+"__"+it.Name, "__"),
 		Custom: it.Type == "custom_tool_call"}
-	tc.Arguments = map[bool]string{false: argumentsText(valueOr(it.Arguments, "")), true: valueOr(it.Input, "")}[tc.Custom]
+	tc.Arguments = pick(tc.Custom, valueOr(it.Input, ""), argumentsText(valueOr(it.Arguments, "")))
 	return tc, tc.Custom || it.Type == "function_call"
 }
 
@@ -256,7 +256,7 @@ func responsesContent(ps []part, assistant bool) []responsesPart {
 	for _, p := range ps {
 		switch {
 		case p.Type == partText && p.Text != "":
-			out = append(out, responsesPart{Type: map[bool]string{false: "input_text", true: "output_text"}[assistant], Text: new(p.Text)})
+			out = append(out, responsesPart{Type: pick(assistant, "output_text", "input_text"), Text: new(p.Text)})
 		case p.Type == partImage:
 			out = append(out, responsesPart{Type: "input_image", ImageURL: new(p.URL), Detail: p.Detail})
 		case p.Type == partDocument && strings.HasPrefix(p.URL, "data:"):
@@ -419,7 +419,7 @@ func decodeResponses(body []byte, r *streamReader) error {
 			err = r.item(&upstreamCall{tool: -1}, item, true)
 		}
 	}
-	r.finish = cmp.Or(responsesFinishes[resp.IncompleteDetails.Reason], map[bool]string{false: finishStop, true: finishToolCalls}[r.ncalls > 0])
+	r.finish = cmp.Or(responsesFinishes[resp.IncompleteDetails.Reason], pick(r.ncalls > 0, finishToolCalls, finishStop))
 	return err
 }
 

@@ -138,10 +138,9 @@ func (s *server) routes() {
 			return map[string]any{"subscriptions": rows}, err
 		}))
 		handle("POST "+p, reply(201, true, func(r *http.Request, b *donation) (any, error) {
-			by := "" // on the admin route ?via=sign-in is a sign-in, journaled as one (SPEC §11.1)
-			if strings.HasPrefix(r.URL.Path, "/v1/admin/") && r.URL.Query().Get("via") == signInVia {
-				by = infoFrom(r.Context()).client.ID
-			}
+			// On the admin route ?via=sign-in is a sign-in, journaled as one (SPEC §11.1).
+			signIn := strings.HasPrefix(r.URL.Path, "/v1/admin/") && r.URL.Query().Get("via") == signInVia
+			by := pick(signIn, infoFrom(r.Context()).client.ID, "")
 			it, err := s.inv.store(overlayItem{AgentID: r.PathValue("agent_id"), Provider: b.Provider, Label: b.Label},
 				vaultCredential{APIKey: b.APIKey, OAuth: b.OAuth}, by)
 			if s.credentialChanged(it); err != nil {
@@ -456,7 +455,7 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 		reasons = append(reasons, "no payer: no direct credential, declared deployment or active subscription")
 	}
 	ready := len(reasons) == 0 // a map's keys are written sorted: ready, reasons, warnings
-	writeJSON(w, map[bool]int{true: 200, false: 503}[ready],
+	writeJSON(w, pick(ready, 200, 503),
 		map[string]any{"ready": ready, "reasons": reasons, "warnings": warnings})
 }
 

@@ -428,6 +428,14 @@ func valueOr[T any](p *T, or T) T {
 	return *p
 }
 
+// pick is yes when cond holds, else no: Go's missing conditional expression (both are evaluated).
+func pick[T any](cond bool, yes, no T) T {
+	if cond {
+		return yes
+	}
+	return no
+}
+
 // must is v for marshalling that cannot fail (plain values).
 func must(v []byte, err error) json.RawMessage {
 	if err != nil {

@@ -253,19 +253,19 @@ func (inv *inventory) store(it overlayItem, cred vaultCredential, by string) (ov
 	}
 	if by != "" && (err == nil || asAPIError(err).Status() >= 500 && !fresh && it.Provider != "") {
 		rec := journalRecord{Kind: "subscription_sign_in", SubscriptionID: it.ID, Provider: it.Provider, Result: "signed_in",
-			Detail: map[bool]string{false: "credential replaced", true: "donated"}[fresh] + " by sign-in of client " + by}
+			Detail: pick(fresh, "donated", "credential replaced") + " by sign-in of client " + by}
 		if err != nil { // a known subscription's replacement that failed on Brama's side
 			rec.Result, rec.Detail = "failed", ledgerSentence("credential not replaced (client "+by+"): "+asAPIError(err).Message)
 		}
 		jerr := inv.j.append(rec)
-		logAt := map[bool]func(string, ...any){false: inv.log.Warn, true: inv.log.Info}[err == nil && jerr == nil]
+		logAt := pick(err == nil && jerr == nil, inv.log.Info, inv.log.Warn)
 		logAt("subscription_sign_in", "subscription_id", it.ID, "agent_id", it.AgentID,
 			"provider", it.Provider, "result", rec.Result, "detail", rec.Detail, "journal_error", jerr)
 		if jerr != nil && err == nil {
 			return it, refuse("dependency_unavailable", "%s was stored, but the journal refused the sign-in: %v", it.ID, jerr).because(jerr)
 		}
 	}
-	return map[bool]overlayItem{true: it}[err == nil], err
+	return pick(err == nil, it, overlayItem{}), err
 }
 
 // setRetired journals agent's id out of ("retire") or back into ("reinstate") service (SPEC §9), unless the fold
@@ -404,9 +404,9 @@ func (inv *inventory) pruneOrphans() ([]string, error) {
 func (inv *inventory) readiness() (warnings []string, payer bool) {
 	items, retired, err := inv.view()
 	if orphans, _ := inv.orphans(); err == nil && len(orphans) > 0 {
-		fix := map[bool]string{false: "brama subscription prune-orphans removes them",
-			true: overlayFile + " is missing or empty: restore it from a backup (donations are refused until then)",
-		}[inv.overlayLost(len(orphans)) != nil]
+		fix := pick(inv.overlayLost(len(orphans)) != nil,
+			overlayFile+" is missing or empty: restore it from a backup (donations are refused until then)",
+			"brama subscription prune-orphans removes them")
 		warnings = append(warnings, fmt.Sprintf("the vault holds %d subscription credential(s) with no overlay entry, unused: %s; %s",
 			len(orphans), strings.Join(orphans, ", "), fix))
 	}
