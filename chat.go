@@ -236,10 +236,10 @@ func (req chatRequest) openAIToolChoice(nested bool) json.RawMessage {
 
 // encodeChat builds a Chat Completions body; tool results become role "tool" messages placed first, right after the assistant turn that called them.
 func encodeChat(req *chatRequest, c call, _ http.Header) ([]byte, error) {
-	limit, completion := ifSet(&req.MaxTokens, req.MaxTokens > 0), c.res.Provider.limitName != "" // reasoning models' only
+	limit, completion := pick(req.MaxTokens > 0, &req.MaxTokens, nil), c.res.Provider.limitName != "" // reasoning models
 	out := chatRequestBody{callerHead: callerHead{c.res.Model, req.Temperature, req.TopP, req.Stream}, ParallelToolCalls: req.ParallelToolCalls,
 		ReasoningEffort: req.Effort, Verbosity: req.Verbosity, ToolChoice: req.openAIToolChoice(true), Stop: jsonArray(req.Stop),
-		MaxTokens: ifSet(limit, !completion), MaxCompletionTokens: ifSet(limit, completion), openAIShared: req.Shared}
+		MaxTokens: pick(!completion, limit, nil), MaxCompletionTokens: pick(completion, limit, nil), openAIShared: req.Shared}
 	out.StreamOptions = pick(req.Stream, json.RawMessage(`{"include_usage":true}`), nil)
 	msgs := pick(req.System != "", []chatMessage{{Role: "system", Content: jsonText(req.System)}}, []chatMessage{})
 	for _, m := range req.Messages {
@@ -347,7 +347,7 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 		return s.frame("", envelope{Error: *s.failure})
 	case step == stepEnd:
 		finish, n := new(cmp.Or(s.rd.finish, finishStop)), s.rd.usage // usage left out, not zeros, when unreported
-		u := ifSet(&chatUsage{n.InputTokens, n.OutputTokens, n.InputTokens + n.OutputTokens}, n.Reported)
+		u := pick(n.Reported, &chatUsage{n.InputTokens, n.OutputTokens, n.InputTokens + n.OutputTokens}, nil)
 		if s.flush == nil { // a buffered answer: content null beside only tool calls, as OpenAI sends it
 			text, m := "", chatMessage{Role: "assistant", Content: json.RawMessage("null")}
 			for _, bl := range s.blocks {

@@ -173,12 +173,7 @@ func orEmptySchema(schema json.RawMessage) json.RawMessage {
 }
 
 // argumentsText is a tool call's arguments as JSON text; empty becomes "{}".
-func argumentsText(args string) string {
-	if strings.TrimSpace(args) == "" {
-		return "{}"
-	}
-	return args
-}
+func argumentsText(args string) string { return pick(strings.TrimSpace(args) == "", "{}", args) }
 
 // jsonArray is nil (left out) for no items.
 func jsonArray[T any](items []T) json.RawMessage {

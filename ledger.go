@@ -430,12 +430,7 @@ func numberOf(s string) number {
 	return number{ms: epochMs(float64(tm.UnixMilli()))}
 }
 
-func epochMs(f float64) int64 {
-	if !(f > 0 && f <= planMaxResetSeconds*1000) {
-		return 0
-	}
-	return int64(f)
-}
+func epochMs(f float64) int64 { return pick(f > 0 && f <= planMaxResetSeconds*1000, int64(f), 0) }
 
 // windowLabel names a window of mins minutes in whole days, hours or minutes ("5 hours"), else fallback.
 func windowLabel(mins float64, fallback string) string {

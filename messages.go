@@ -319,7 +319,7 @@ func encodeMessages(req *chatRequest, c call, h http.Header) ([]byte, error) {
 	serial := req.ParallelToolCalls != nil && !*req.ParallelToolCalls && len(req.Tools) > 0
 	if tc := valueOr(req.ToolChoice, toolChoice{Mode: toolChoiceAuto}); req.ToolChoice != nil || serial {
 		out.ToolChoice = &messagesOption{Type: strings.Replace(tc.Mode, toolChoiceRequired, "any", 1), Name: tc.Name,
-			DisableParallelToolUse: ifSet(new(true), serial && tc.Mode != toolChoiceNone)}
+			DisableParallelToolUse: pick(serial && tc.Mode != toolChoiceNone, new(true), nil)}
 	}
 	return json.Marshal(out)
 }

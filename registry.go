@@ -268,7 +268,7 @@ func (r *registry) current() (*routesDoc, error) {
 func (r *registry) set(alias string, to *string, by string) (*routesDoc, error) {
 	return r.commit(func(doc *routesDoc) (*journalRecord, error) {
 		old, ok := doc.Routes[alias]
-		rec := journalRecord{Kind: "route_change", Alias: alias, By: by, routeChange: &routeChange{ifSet(&old, ok), to}}
+		rec := journalRecord{Kind: "route_change", Alias: alias, By: by, routeChange: &routeChange{pick(ok, &old, nil), to}}
 		if to == nil && !ok {
 			return nil, withAlias(refuse("alias_unknown", "alias %q is not declared in the route registry", alias), alias, stateNoRoute, nil)
 		} else if to == nil {

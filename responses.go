@@ -295,7 +295,7 @@ func (s *callerStream) responsesFrames(step streamStep, b *streamBlock, d string
 		it := s.resp.Output[b.pos]
 		it.Status = "completed"
 		it.fill(d)
-		done := responsesEvent{Type: responsesEvents[it.Type][1], Text: ifSet(&d, b.text), Arguments: it.Arguments, Input: it.Input}
+		done := responsesEvent{Type: responsesEvents[it.Type][1], Text: pick(b.text, &d, nil), Arguments: it.Arguments, Input: it.Input}
 		return s.emit(b, done, responsesEvent{Type: "response.content_part.done", Part: new(outputText(d))},
 			responsesEvent{Type: "response.output_item.done", Item: it})
 	case stepEnd: // "incomplete" with a reason as OpenAI reports it (SPEC §7.5): SDK stream helpers wait for this event
@@ -321,7 +321,7 @@ func (s *callerStream) emit(b *streamBlock, evs ...responsesEvent) (err error) {
 		if b != nil {
 			ev.OutputIndex = &b.pos
 			if ev.Item == nil {
-				ev.ItemID, ev.ContentIndex = s.resp.Output[b.pos].ID, ifSet(&onePart, b.text)
+				ev.ItemID, ev.ContentIndex = s.resp.Output[b.pos].ID, pick(b.text, &onePart, nil)
 			}
 		}
 		if err == nil && (ev.Part == nil || b.text) { // a part event comes only with a block

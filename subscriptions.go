@@ -331,21 +331,14 @@ func (inv *inventory) row(item overlayItem, retired bool, now time.Time) subscri
 	e, ms := inv.l.entry(item.ID), now.UnixMilli()
 	r := subscriptionRow{ID: item.ID, Provider: item.Provider, Label: item.Label, Status: "active",
 		Windows: append([]planWindow{}, e.Windows...), Measured: e.Measured, Credential: &e.Credential,
-		Block: ifSet(&e.Block, e.Block.UntilMs > ms), UsageRead: ifSet(&e.UsageRead, e.UsageRead.AtMs != 0),
-		Probe: ifSet(&e.Probe, e.Probe.AtMs != 0)}
+		Block: pick(e.Block.UntilMs > ms, &e.Block, nil), UsageRead: pick(e.UsageRead.AtMs != 0, &e.UsageRead, nil),
+		Probe: pick(e.Probe.AtMs != 0, &e.Probe, nil)}
 	if retired {
 		r.Status, r.Credential.State = "retired", credDisabled
 	}
 	r.Stale = (r.UsageRead != nil && !e.UsageRead.OK) ||
 		slices.ContainsFunc(e.Windows, func(w planWindow) bool { return w.ResetsAtMs != 0 && w.ResetsAtMs <= ms })
 	return r
-}
-
-func ifSet[T any](p *T, set bool) *T {
-	if set {
-		return p
-	}
-	return nil
 }
 
 // orphans lists, sorted, the vault's subscription ids no overlay item names (SPEC §17).
