@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -628,6 +629,7 @@ func TestResponsesCallItemsWhole(t *testing.T) {
 		}
 	}
 	var added, completed string
+	var indexed []string // delta events: a text delta names its content part (0), a call's arguments delta none
 	for _, f := range splitTestSSE(t, buf.String()) {
 		switch f.Event {
 		case "response.output_item.added":
@@ -636,13 +638,49 @@ func TestResponsesCallItemsWhole(t *testing.T) {
 			}
 		case "response.completed":
 			completed = f.Data
+		case "response.output_text.delta", "response.function_call_arguments.delta":
+			indexed = append(indexed, fmt.Sprintf("%s %v", f.Event, strings.Contains(f.Data, `"content_index":0`)))
 		}
+	}
+	want := []string{"response.function_call_arguments.delta false", "response.output_text.delta true", "response.function_call_arguments.delta false"}
+	if diff := cmp.Diff(want, indexed); diff != "" {
+		t.Errorf("delta events with content_index 0 (-want +got):\n%s", diff)
 	}
 	if !strings.Contains(added, `"type":"function_call"`) || !strings.Contains(added, `"arguments":""`) {
 		t.Errorf("the call's output_item.added %s, want a function_call with empty arguments", added)
 	}
 	if !strings.Contains(completed, `"arguments":"{\"a\":1}"`) {
 		t.Errorf("response.completed %s, want the call's whole arguments", completed)
+	}
+}
+
+// TestResponsesEncodesEmptyCallInput: toward a Responses provider a function call with no arguments carries "{}" (JSON
+// text the provider parses), a custom tool call its input as is, even empty.
+func TestResponsesEncodesEmptyCallInput(t *testing.T) {
+	req := chatRequest{Model: "m", Messages: []message{
+		{Role: "user", Parts: []part{{Type: partText, Text: "q"}}},
+		{Role: "assistant", Parts: []part{{Type: partToolCall, ToolCallID: "c1", ToolName: "f"},
+			{Type: partToolCall, ToolCallID: "c2", ToolName: "p", Custom: true}}},
+	}}
+	body, err := encodeResponses(&req, call{res: resolution{Model: "m"}}, http.Header{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out struct{ Input []map[string]any }
+	if err := json.Unmarshal(body, &out); err != nil {
+		t.Fatal(err)
+	}
+	var calls []map[string]any
+	for _, it := range out.Input {
+		if it["call_id"] != nil {
+			delete(it, "namespace")
+			calls = append(calls, it)
+		}
+	}
+	want := []map[string]any{{"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+		{"type": "custom_tool_call", "call_id": "c2", "name": "p", "input": ""}}
+	if diff := cmp.Diff(want, calls); diff != "" {
+		t.Errorf("call items (-want +got):\n%s", diff)
 	}
 }
 

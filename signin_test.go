@@ -336,19 +336,20 @@ func TestCredentialPutJournalsItsOutcome(t *testing.T) {
 		result    string // the sign-in journaled, with detail ("": none)
 		detail    string
 		vaultKey  string
+		level     string // the subscription_sign_in log line's: INFO only when stored and journaled
 	}{
 		{name: "stored", key: "sk-put-1-0123456789", status: 200, result: "signed_in",
-			detail: "credential replaced by sign-in of client local", vaultKey: "sk-put-1-0123456789"},
+			detail: "credential replaced by sign-in of client local", vaultKey: "sk-put-1-0123456789", level: "INFO"},
 		{name: "the vault refuses", key: "sk-put-2-0123456789", rename: func(string, string) error { return errors.New("injected rename failure") },
 			status: 503, code: "dependency_unavailable", msg: "injected rename failure", result: "failed",
-			detail: "credential not replaced (client local): injected rename failure", vaultKey: "sk-put-1-0123456789"},
+			detail: "credential not replaced (client local): injected rename failure", vaultKey: "sk-put-1-0123456789", level: "WARN"},
 		{name: "the journal refuses", key: "sk-put-3-0123456789", rename: func(oldpath, newpath string) error {
 			err := os.Rename(oldpath, newpath)
 			os.Chmod(journalPath, 0o640) // the append after the vault write refuses a group-readable journal
 			return err
 		}, status: 503, code: "dependency_unavailable", msg: id + " was stored, but the journal refused the sign-in: journal " + journalPath +
 			" has mode 0640; it must not be readable or writable by group or other (chmod 600)",
-			vaultKey: "sk-put-3-0123456789"},
+			vaultKey: "sk-put-3-0123456789", level: "WARN"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -377,6 +378,16 @@ func TestCredentialPutJournalsItsOutcome(t *testing.T) {
 			}
 			if k := readVaultSubs(t, env)[id].APIKey; k != tc.vaultKey {
 				t.Errorf("the vault holds %q, want %q", k, tc.vaultKey)
+			}
+			var last map[string]any // the last subscription_sign_in log line, this call's
+			for _, line := range strings.Split(d.stderr.String(), "\n") {
+				if strings.Contains(line, `"msg":"subscription_sign_in"`) {
+					last = map[string]any{}
+					json.Unmarshal([]byte(line), &last)
+				}
+			}
+			if last["level"] != tc.level || last["subscription_id"] != id {
+				t.Errorf("last subscription_sign_in log line = %v, want level %s for %s", last, tc.level, id)
 			}
 		})
 	}
