@@ -360,6 +360,7 @@ func TestCredentialPutJournalsItsOutcome(t *testing.T) {
 				return os.Rename(oldpath, newpath)
 			}
 			before := opJournal(t, env, "subscription_sign_in")
+			logged := signInLogLines(t, d.stderr.String())
 			s, _, b := d.call("PUT", "/v1/admin/subscriptions/a/"+id+"/credential", d.token, `{"api_key":"`+tc.key+`"}`)
 			testingOnlyRename = nil
 			os.Chmod(journalPath, 0o600)
@@ -379,18 +380,27 @@ func TestCredentialPutJournalsItsOutcome(t *testing.T) {
 			if k := readVaultSubs(t, env)[id].APIKey; k != tc.vaultKey {
 				t.Errorf("the vault holds %q, want %q", k, tc.vaultKey)
 			}
-			var last map[string]any // the last subscription_sign_in log line, this call's
-			for _, line := range strings.Split(d.stderr.String(), "\n") {
-				if strings.Contains(line, `"msg":"subscription_sign_in"`) {
-					last = map[string]any{}
-					json.Unmarshal([]byte(line), &last)
-				}
-			}
-			if last["level"] != tc.level || last["subscription_id"] != id {
-				t.Errorf("last subscription_sign_in log line = %v, want level %s for %s", last, tc.level, id)
+			if lines := signInLogLines(t, d.stderr.String())[len(logged):]; len(lines) != 1 ||
+				lines[0]["level"] != tc.level || lines[0]["subscription_id"] != id {
+				t.Errorf("this call's subscription_sign_in log lines = %v, want one at level %s for %s", lines, tc.level, id)
 			}
 		})
 	}
+}
+
+// signInLogLines is every subscription_sign_in line of a daemon's log, decoded, in order.
+func signInLogLines(t *testing.T, logs string) (out []map[string]any) {
+	t.Helper()
+	for _, line := range strings.Split(logs, "\n") {
+		if strings.Contains(line, `"msg":"subscription_sign_in"`) {
+			m := map[string]any{}
+			if err := json.Unmarshal([]byte(line), &m); err != nil {
+				t.Fatalf("log line %q: %v", line, err)
+			}
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // TestOperatorRoutesWithoutStateDir: every route of this work item must
