@@ -166,9 +166,6 @@ func (m *maintainer) arm(due, now time.Time) {
 // request asks for a pass over agent's subscriptions after its refusal for want of a signed-in subscription, dropped when one
 // covering agent started since the last change (SPEC §11.2, §17).
 func (m *maintainer) request(reason, agent string) {
-	if agent == "" { // unreachable today (no agent, no subscription walk); "" would ask for everyone's pass
-		return
-	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.fresh[""] || m.fresh[agent] {
