@@ -253,16 +253,13 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			ri.outcome = "server_shutdown"
 		}
 		str, num := slog.String, slog.Int // typed attributes: a value boxed into any costs an allocation
-		attrs := []slog.Attr{str("request_id", ri.requestID), str("method", r.Method), str("path", r.URL.Path),
-			num("status", ri.status), str("client_id", ri.client.ID), str("agent_id", ri.client.AgentID),
-			str("routing_mode", ri.routingMode), str("requested_model", ri.requestedModel), str("route", ri.route),
-			str("outcome", cmp.Or(ri.outcome, "ok")), slog.Bool("retryable", ri.retryable),
+		s.log.LogAttrs(r.Context(), slog.LevelInfo, "request", str("request_id", ri.requestID), str("method", r.Method),
+			str("path", r.URL.Path), num("status", ri.status), str("client_id", ri.client.ID),
+			str("agent_id", ri.client.AgentID), str("routing_mode", ri.routingMode), str("requested_model", ri.requestedModel),
+			str("route", ri.route), str("outcome", cmp.Or(ri.outcome, "ok")), slog.Bool("retryable", ri.retryable),
 			slog.Int64("latency_ms", time.Since(start).Milliseconds()), num("input_tokens", ri.input),
-			num("output_tokens", ri.output), str("dropped", strings.Join(ri.dropped, ", ")), slog.Bool("streamed", ri.streamed)}
-		if ri.dispatched() {
-			attrs = append(attrs, num("attempts", ri.attempts))
-		}
-		s.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
+			num("output_tokens", ri.output), str("dropped", strings.Join(ri.dropped, ", ")), slog.Bool("streamed", ri.streamed),
+			pick(ri.dispatched(), num("attempts", ri.attempts), slog.Attr{})) // a handler leaves an empty Attr out
 	}()
 	if h, pattern := s.mux.Handler(r); !s.guard.allows(r) {
 		s.fail(ri, r, refuse("secure_transport_required", "this listener accepts plain HTTP only from loopback or a trusted proxy that received https"))
