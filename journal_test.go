@@ -37,18 +37,6 @@ func (j *journal) retired() (map[string]bool, error) {
 	return fo.retire, err
 }
 
-// readAll returns the journal's bytes; absent is empty.
-func (j *journal) readAll() ([]byte, error) {
-	if j.name == "" {
-		return nil, j.broken
-	}
-	data, _, err := readGuarded("journal", j.name)
-	if errors.Is(err, errFileAbsent) {
-		return nil, nil
-	}
-	return data, err
-}
-
 func journalTestNow() time.Time { return time.Date(2025, 3, 4, 5, 6, 7, 890_000_000, time.UTC) }
 
 // journalLogs keeps a journal's log output for assertions and also routes
