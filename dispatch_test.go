@@ -6,10 +6,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -335,8 +337,18 @@ func TestAliasRefusalsAndOneAttempt(t *testing.T) {
 			}
 			id := hdr.Get("X-Request-Id") // the log line counts as the envelope does, 0 too (SPEC §13)
 			d.stderr.waitFor(t, `"msg":"request","request_id":"`+id)
-			if diff := cmp.Diff(tc.attempts, requestLine(t, d.stderr.String(), "request_id", id)["attempts"]); diff != "" {
+			line := requestLine(t, d.stderr.String(), "request_id", id)
+			if diff := cmp.Diff(tc.attempts, line["attempts"]); diff != "" {
 				t.Errorf("log line attempts (-want +got):\n%s", diff)
+			}
+			// SPEC §13's members and no other (no empty key where attempts is left out), attempts only once dispatched.
+			wantKeys := strings.Fields("time level msg request_id method path status client_id agent_id routing_mode " +
+				"requested_model route outcome retryable latency_ms input_tokens output_tokens dropped streamed")
+			if tc.attempts != nil {
+				wantKeys = append(wantKeys, "attempts")
+			}
+			if slices.Sort(wantKeys); !slices.Equal(wantKeys, slices.Sorted(maps.Keys(line))) {
+				t.Errorf("log line members: %q, want %q", slices.Sorted(maps.Keys(line)), wantKeys)
 			}
 			if got := failing.calls.Load() - before; got != tc.wantCalls {
 				t.Errorf("provider saw %d calls, want %d", got, tc.wantCalls)
