@@ -211,6 +211,8 @@ func TestLedgerUnreadableIsNeverOverwritten(t *testing.T) {
 		{name: "duplicate key", content: strings.Replace(valid, `"provider":"codex"`, `"provider":"codex","provider":"PLANTED-BYTES"`, 1), want: `duplicate key "provider"`},
 		{name: "wrong schema_version", content: strings.Replace(valid, `"schema_version":1`, `"schema_version":2`, 1), want: "schema_version 2 is not 1"},
 		{name: "malformed subscription id", content: strings.Replace(valid, ledgerIDA, "sub_XYZ", 1), want: `"sub_XYZ" is not sub_<16 hex>`},
+		{name: "id holding a verb", content: strings.Replace(valid, ledgerIDA, "sub_%d%w", 1), want: `member "sub_%d%w" is not`},
+		{name: "state holding a verb", content: strings.Replace(valid, `"state":"active"`, `"state":"x%s"`, 1), want: `credential.state "x%s" is not`},
 		{name: "stored disabled state", content: strings.Replace(valid, `"state":"active"`, `"state":"disabled"`, 1), want: "credential.state \"disabled\""},
 		{name: "not JSON", content: "PLANTED-BYTES", want: "ledger"},
 		{name: "trailing data", content: valid + `{}`, want: "data after the JSON document"},

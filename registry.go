@@ -192,9 +192,12 @@ type rule struct {
 	why string
 }
 
-// firstBroken is the refusal of the first broken rule, its why formatted with args (no args: why has no verb), or nil.
+// firstBroken is the refusal of the first broken rule, its why formatted with args; with none, why is the text as it
+// stands (it may quote a name holding a %).
 func firstBroken(rules []rule, args ...any) error {
-	if i := slices.IndexFunc(rules, func(r rule) bool { return r.bad }); i >= 0 {
+	if i := slices.IndexFunc(rules, func(r rule) bool { return r.bad }); i >= 0 && len(args) == 0 {
+		return errors.New(rules[i].why)
+	} else if i >= 0 {
 		return fmt.Errorf(rules[i].why, args...)
 	}
 	return nil
@@ -473,7 +476,10 @@ func parseClients(b []byte) (*clientsDoc, error) {
 		return &clientsDoc{}, nil
 	}
 	doc := &clientsDoc{Clients: []client{}}
-	return doc, decodeStrict("clients file", b, doc)
+	if err := decodeStrict("clients file", b, doc); err != nil || doc.Clients != nil {
+		return doc, err
+	}
+	return nil, errors.New(`clients file: member "clients" cannot be null`) // nil means no file: serve would make one
 }
 
 // newToken makes a bearer token: "brama_" and 43 base64url characters.

@@ -181,6 +181,8 @@ func TestClientsFileRules(t *testing.T) {
 		{name: "empty allow", doc: `{"clients":[{"id":"x","token_sha256":"` + dig + `","role":"caller","allowed_models":[" "]}]}`, want: "wildcard"},
 		{name: "bad role", doc: `{"clients":[{"id":"x","token_sha256":"` + dig + `","role":"root"}]}`, want: "role"},
 		{name: "duplicate key", doc: `{"clients":[],"clients":[]}`, want: "duplicate key"},
+		{name: "null clients", doc: `{"clients":null}`, want: `"clients" cannot be null`},
+		{name: "no clients", doc: `{}`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -199,13 +201,22 @@ func TestClientsFileRules(t *testing.T) {
 }
 
 func TestServeRefusesInvalidClientsFile(t *testing.T) {
-	env := stateEnv(t)
-	dir := env["BRAMA_STATE_DIR"]
-	os.MkdirAll(dir, 0o700)
-	os.WriteFile(filepath.Join(dir, "clients.json"), []byte(`{"clients":[{"id":"x","token_sha256":"zz","role":"admin"}]}`), 0o600)
-	_, errOut, code := runCLI(t, env, "", "serve", "-addr", "127.0.0.1:0")
-	if code != 1 || !strings.Contains(errOut, "token_sha256") {
-		t.Fatalf("serve with an invalid clients file: exit %d, stderr %q; want exit 1 naming the rule", code, errOut)
+	for _, tc := range []struct{ doc, want string }{
+		{`{"clients":[{"id":"x","token_sha256":"zz","role":"admin"}]}`, "token_sha256"},
+		// null once read as "no file": serve replaced the file with a new admin client
+		{`{"clients":null}`, `"clients" cannot be null`},
+	} {
+		env := stateEnv(t)
+		name := filepath.Join(env["BRAMA_STATE_DIR"], "clients.json")
+		os.MkdirAll(filepath.Dir(name), 0o700)
+		os.WriteFile(name, []byte(tc.doc), 0o600)
+		_, errOut, code := runCLI(t, env, "", "serve", "-addr", "127.0.0.1:0")
+		if code != 1 || !strings.Contains(errOut, tc.want) {
+			t.Errorf("serve with clients file %s: exit %d, stderr %q; want exit 1 naming %q", tc.doc, code, errOut, tc.want)
+		}
+		if b, _ := os.ReadFile(name); string(b) != tc.doc {
+			t.Errorf("serve rewrote the clients file %s: %s", tc.doc, b)
+		}
 	}
 }
 
