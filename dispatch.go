@@ -360,10 +360,8 @@ type pin struct {
 // agent has an eligible subscription, freest first (ties by id), every alias's P/… destination (alias-name order), then
 // the catalogue's three newest text models of P; any-vision-capable keeps those taking images.
 func (e *engine) candidates(res resolution) ([]resolution, error) {
-	var aliases map[string]string // an invalid registry offers none
-	if doc, err := e.reg.current(); err == nil && doc != nil {
-		aliases = doc.Routes
-	}
+	doc, _ := e.reg.current() // nil exactly when invalid: an invalid registry offers no alias
+	aliases := valueOr(doc, routesDoc{}).Routes
 	var provs []string
 	free := map[string][]float64{} // each provider with an eligible subscription: its freest one's
 	for _, p := range providerTable {
