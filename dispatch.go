@@ -449,9 +449,7 @@ func (e *engine) subscriptionCredential(ctx context.Context, j *job, sub overlay
 			} else if err != nil && ctx.Err() != nil { // the caller hung up while it waited: no skip, no call (SPEC §7.4)
 				return upstreamCredential{}, refuse("client_cancelled", "the caller went away during a grant refresh").because(err)
 			} else if re, ok := errors.AsType[*endpointError](err); ok && !re.Definitive {
-				if e.refreshTransport == nil { // the first
-					e.refreshTransport = refuse("dependency_unavailable", "%s", redact(re.Error())).because(err)
-				}
+				e.refreshTransport = cmp.Or(e.refreshTransport, refuse("dependency_unavailable", "%s", redact(re.Error())).because(err))
 				e.maint.request("credential_refresh_transport_failure", e.agent)
 			}
 			if err != nil {
