@@ -360,10 +360,8 @@ type pin struct {
 // agent has an eligible subscription, freest first (ties by id), every alias's P/… destination (alias-name order), then
 // the catalogue's three newest text models of P; any-vision-capable keeps those taking images.
 func (e *engine) candidates(res resolution) ([]resolution, error) {
-	var aliases map[string]string // an invalid registry offers none
-	if doc, err := e.reg.current(); err == nil && doc != nil {
-		aliases = doc.Routes
-	}
+	doc, _ := e.reg.current() // nil exactly when invalid: an invalid registry offers no alias
+	aliases := valueOr(doc, routesDoc{}).Routes
 	var provs []string
 	free := map[string][]float64{} // each provider with an eligible subscription: its freest one's
 	for _, p := range providerTable {
@@ -451,9 +449,7 @@ func (e *engine) subscriptionCredential(ctx context.Context, j *job, sub overlay
 			} else if err != nil && ctx.Err() != nil { // the caller hung up while it waited: no skip, no call (SPEC §7.4)
 				return upstreamCredential{}, refuse("client_cancelled", "the caller went away during a grant refresh").because(err)
 			} else if re, ok := errors.AsType[*endpointError](err); ok && !re.Definitive {
-				if e.refreshTransport == nil { // the first
-					e.refreshTransport = refuse("dependency_unavailable", "%s", redact(re.Error())).because(err)
-				}
+				e.refreshTransport = cmp.Or(e.refreshTransport, refuse("dependency_unavailable", "%s", redact(re.Error())).because(err))
 				e.maint.request("credential_refresh_transport_failure", e.agent)
 			}
 			if err != nil {

@@ -137,9 +137,7 @@ func (m *maintainer) loopOnce(ctx context.Context, now time.Time) bool {
 
 // want asks for a pass over agent's subscriptions ("": everyone's) once and returns the ticket it will answer; m.mu is held.
 func (m *maintainer) want(agent, reason string) *passTicket {
-	if m.asked[agent] == nil {
-		m.asked[agent] = &passTicket{reason: reason, done: make(chan struct{})}
-	}
+	m.asked[agent] = cmp.Or(m.asked[agent], &passTicket{reason: reason, done: make(chan struct{})})
 	return m.asked[agent]
 }
 
