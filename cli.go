@@ -345,10 +345,8 @@ next due: {{with .NextDueAt}}{{.}}{{else}}nothing due{{end}}
 func run(ctx context.Context, cut <-chan struct{}, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
 	e := &cliEnv{ctx: ctx, cut: cut, getenv: getenv, in: bufio.NewReader(stdin), stdout: stdout, stderr: stderr}
 	if len(args) == 0 || slices.Contains([]string{"help", "-h", "-help", "--help"}, args[0]) {
-		w, err := stdout, error(nil)
-		if len(args) == 0 {
-			w, err = stderr, &usageError{msg: "want a command"}
-		}
+		err := pick[error](len(args) == 0, &usageError{msg: "want a command"}, nil)
+		w := pick(err == nil, stdout, stderr)
 		fmt.Fprint(w, "usage: brama COMMAND [flags] [arguments]; brama COMMAND -h prints its flags and an example\n\n")
 		table(w, nil, "", commands(), func(c command) []string { return []string{"  " + c.name, c.purpose} })
 		return err
