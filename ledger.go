@@ -250,10 +250,8 @@ func (l *ledger) block(id, provider string, stated time.Duration, reason string)
 }
 
 func (l *ledger) blockedUntil(id string) time.Time {
-	if e := l.entry(id); e.Block.UntilMs > l.now().UnixMilli() {
-		return time.UnixMilli(e.Block.UntilMs)
-	}
-	return time.Time{}
+	e := l.entry(id)
+	return pick(e.Block.UntilMs > l.now().UnixMilli(), time.UnixMilli(e.Block.UntilMs), time.Time{})
 }
 
 // disown records a credential only a sign-in can replace (refused, or unsendable): needs_reauthorization, for cause.
@@ -348,12 +346,7 @@ func (l *ledger) mutate(id, provider string, immediate bool, fn func(e *ledgerEn
 }
 
 // planFraction clamps f to [0,1]; NaN reads as 0.
-func planFraction(f float64) float64 {
-	if !(f >= 0) {
-		return 0
-	}
-	return min(f, 1)
-}
+func planFraction(f float64) float64 { return pick(f >= 0, min(f, 1), 0) }
 
 func newWindow(id, label string, fraction float64, resetMs int64, now time.Time, source string) planWindow {
 	return planWindow{id, label, planFraction(fraction), resetMs, now.UnixMilli(), source}

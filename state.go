@@ -204,17 +204,16 @@ func (f *stateFile[T]) update(change func(T) error) error {
 var testingOnlyRename func(oldpath, newpath string) error
 
 // writeFileAtomic is every whole-file writer's owner-only atomic replacement (SPEC §2.2).
-func writeFileAtomic(name string, data []byte) error { return placeFile(name, data, testingOnlyRename) }
+func writeFileAtomic(name string, data []byte) error {
+	return placeFile(name, data, pick(testingOnlyRename != nil, testingOnlyRename, os.Rename))
+}
 
 // publishFile creates name only if it does not exist (os.ErrExist): a reservation (SPEC §12).
 func publishFile(name string, data []byte) error { return placeFile(name, data, os.Link) }
 
-// placeFile puts data at name by place (link, else rename) of a synced 0600 sibling temporary, then syncs the directory.
+// placeFile puts data at name by place (link or rename) of a synced 0600 sibling temporary, then syncs the directory.
 func placeFile(name string, data []byte, place func(oldpath, newpath string) error) error {
 	dir := filepath.Dir(name)
-	if place == nil {
-		place = os.Rename
-	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
