@@ -349,7 +349,7 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 		finish, n := new(cmp.Or(s.rd.finish, finishStop)), s.rd.usage // usage left out, not zeros, when unreported
 		u := pick(n.Reported, &chatUsage{n.InputTokens, n.OutputTokens, n.InputTokens + n.OutputTokens}, nil)
 		if s.flush == nil { // a buffered answer: content null beside only tool calls, as OpenAI sends it
-			text, m := "", chatMessage{Role: "assistant", Content: json.RawMessage("null")}
+			text, m := "", chatMessage{Role: "assistant"}
 			for _, bl := range s.blocks {
 				if bl.text {
 					text += bl.buf.String()
@@ -357,9 +357,7 @@ func (s *callerStream) chatFrames(step streamStep, b *streamBlock, d string) err
 					m.ToolCalls = append(m.ToolCalls, chatCall(nil, newAnswerID("call_", bl.id), bl.name, bl.buf.String(), bl.custom))
 				}
 			}
-			if text != "" || len(m.ToolCalls) == 0 {
-				m.Content = jsonText(text)
-			}
+			m.Content = pick(text != "" || len(m.ToolCalls) == 0, jsonText(text), json.RawMessage("null"))
 			s.whole = chatCompletion{s.id, "chat.completion", s.created, s.model, []chatChoice{{Message: &m, FinishReason: finish}}, u}
 		}
 		s.chatChunk(nil, chatChoice{Delta: &chatMessage{}, FinishReason: finish})
