@@ -121,6 +121,7 @@ var (
 	errSignatureMismatch = errors.New("signature mismatch")          // `brama answers verify`'s refusal
 	errServerShutdown    = errors.New("the server is shutting down") // serve's second signal: what it cancels keeps item 2's refusal
 	errReplayRefused     = errors.New("replay guard: the same request was refused after a provider call")
+	echoedInput          = []string{"instructions", "input", "prompt", "messages", "system"} // a kept answer's nulls (item 7)
 )
 
 // answerRecord is one kept-answer file (SPEC §12); in progress, the members only completion knows are null. Reserved by
@@ -361,8 +362,8 @@ func (a *answerStore) keep(t *answerRecord, w *httptest.ResponseRecorder, attemp
 	body := w.Body.Bytes() // the first answer is the kept body, the members repeating the caller's input null (item 7)
 	if o, err := parseRawObject(body); err == nil {
 		var edits []memberEdit
-		for _, k := range []string{"instructions", "input", "prompt", "messages", "system"} { // OpenAI Responses' instructions
-			if v := o.value(k); v != nil && string(v) != "null" {
+		for _, m := range o.members { // OpenAI Responses' instructions; a repeated member is edited when any is not null
+			if k := string(m.key); slices.Contains(echoedInput, k) && string(o.src[m.val:m.end]) != "null" {
 				edits = append(edits, memberEdit{k, []byte("null")})
 			}
 		}

@@ -554,8 +554,9 @@ func TestSignedAnswerReleaseFailed(t *testing.T) {
 }
 
 // TestSignedAnswerDropsEchoedPrompt: an OpenAI Responses answer echoes the
-// caller's instructions; the kept body, the first answer and the replay carry
-// them as null, byte for byte alike, under one signature (SPEC §12 item 7).
+// caller's instructions (and its input, twice: the last null); the kept body,
+// the first answer and the replay carry them as null, byte for byte alike,
+// under one signature (SPEC §12 item 7).
 func TestSignedAnswerDropsEchoedPrompt(t *testing.T) {
 	const secret = "SECRET-PROMPT-4b1d8e"
 	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
@@ -568,7 +569,8 @@ func TestSignedAnswerDropsEchoedPrompt(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"id":"resp_1","object":"response","created_at":1,"status":"completed","error":null,"incomplete_details":null,
  "instructions":%s,"input":%s,"model":"gpt-resp","output":[{"type":"message","id":"m1","status":"completed","role":"assistant",
- "content":[{"type":"output_text","text":"Hello","annotations":[]}]}],"usage":{"input_tokens":3,"output_tokens":1,"total_tokens":4}}`, ins, req.Input)
+ "content":[{"type":"output_text","text":"Hello","annotations":[]}]}],"usage":{"input_tokens":3,"output_tokens":1,"total_tokens":4},
+ "input":null}`, ins, req.Input) // input twice: the first, not null, is edited all the same
 	})
 	env := stateEnv(t)
 	env["BRAMA_PROVIDER_OPENAI_RESPONSES_BASE_URL"] = fake.URL

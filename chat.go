@@ -172,8 +172,8 @@ func (req *chatRequest) addOpenAITool(t tool, raw json.RawMessage, what string) 
 	case t.Name == "" && slices.Contains([]string{toolFunction, toolCustom, "namespace"}, t.Type):
 		return refuse("invalid_request", "%s needs a name", what)
 	case t.Type == toolFunction || t.Type == toolCustom:
-		req.dropUnknown(raw, chatNested[t.Type]) // a custom tool carries no parameters, a function no format
-		params, err := jsonObject(t.Parameters, what+".parameters")
+		req.dropUnknown(raw, chatNested[t.Type]) // a custom tool carries no parameters (not read), a function no format
+		params, err := jsonObject(pick(t.Type == toolFunction, t.Parameters, nil), what+".parameters")
 		if t.Tools, t.Parameters = nil, params; t.Type == toolCustom {
 			t.Parameters, t.Strict = nil, nil
 		} else {

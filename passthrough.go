@@ -308,15 +308,15 @@ func rawShape(raw json.RawMessage) byte {
 	return raw[0]
 }
 
-// rawMember is raw's member name in any case, as encoding/json matches it.
-func rawMember(raw json.RawMessage, name string) json.RawMessage {
+// rawMember is raw's member name in any case, as encoding/json matches it: the last one of that name.
+func rawMember(raw json.RawMessage, name string) (v json.RawMessage) {
 	o, _ := splitRaw(raw, '{', nil)
 	for _, m := range o.members {
 		if strings.EqualFold(string(m.key), name) {
-			return o.src[m.val:m.end]
+			v = o.src[m.val:m.end]
 		}
 	}
-	return nil
+	return v
 }
 
 // buildUpstreamRequest is req's call c in its provider's protocol and wire details (SPEC §6.2).

@@ -652,3 +652,17 @@ func TestPassthroughCodexMinimalStream(t *testing.T) {
 		t.Fatalf("status %d, body %s; want 200 and the response as sent: %s", status, got, want)
 	}
 }
+
+// TestRawMemberAsEncodingJSON: rawMember finds the member encoding/json
+// decodes: its name in any case, and the last of that name.
+func TestRawMemberAsEncodingJSON(t *testing.T) {
+	for _, doc := range []string{`{"error":1}`, `{"Error":1}`, `{"error":1,"ERROR":2}`, `{"error":{"a":1},"error":null}`, `{"x":1}`} {
+		var want struct {
+			Error json.RawMessage `json:"error"`
+		}
+		json.Unmarshal([]byte(doc), &want)
+		if got := rawMember([]byte(doc), "error"); string(got) != string(want.Error) {
+			t.Errorf("rawMember(%s) = %s, want %s", doc, got, want.Error)
+		}
+	}
+}

@@ -72,6 +72,12 @@ func TestParseResponses(t *testing.T) {
 				Tools: []tool{{Type: toolCustom, Name: "c"}, {Type: toolFunction, Name: "f"}}, Dropped: []string{"parameters", "strict", "format"}},
 		},
 		{
+			name: "a custom tool's parameters are dropped unread",
+			body: `{"model":"m","input":"q","tools":[{"type":"custom","name":"c","parameters":"not an object"}]}`,
+			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")},
+				Tools: []tool{{Type: toolCustom, Name: "c"}}, Dropped: []string{"parameters"}},
+		},
+		{
 			name: "a namespace names what it loses",
 			body: `{"model":"m","input":"q","tools":[{"type":"namespace","name":"ns","x_extra":1,"description":"d","tools":[{"type":"function","name":"f"}]}]}`,
 			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")},
