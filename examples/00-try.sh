@@ -12,6 +12,7 @@ block=${block//127.0.0.1:9999/127.0.0.1:$stub_port}
 block=${block//\$HOME\/.brama-try/\$WORK\/try}
 block=${block//serve -local-credentials-stdin &/serve -addr 127.0.0.1:$brama_port -local-credentials-stdin 2>\"\$WORK/try.err\" \&}
 block=${block//localhost:8080/127.0.0.1:$brama_port}
-trap 'kill $(jobs -p) 2>/dev/null; cleanup' EXIT
+# jobs -p names a pipeline by its first process (echo, gone); $! is its last: the block's serve
+trap 'kill $(jobs -p) $! 2>/dev/null; cleanup' EXIT
 eval "$block" >"$WORK/try.out" || { cat "$WORK/try.out" "$WORK/try.err" >&2; exit 1; }
 expect "a first answer without a key" "$(grep "^{" "$WORK/try.out" | tail -1 | jq -r '.choices[0].message.content')" "Hello from the stub provider."
