@@ -143,7 +143,8 @@ func (s *server) routes() {
 			by := pick(signIn, infoFrom(r.Context()).client.ID, "")
 			it, err := s.inv.store(overlayItem{AgentID: r.PathValue("agent_id"), Provider: b.Provider, Label: b.Label},
 				vaultCredential{APIKey: b.APIKey, OAuth: b.OAuth}, by)
-			return map[string]donatedSubscription{"subscription": {overlayItem: it, Status: "active"}}, s.credentialChanged(it, err)
+			s.credentialChanged(it)
+			return map[string]donatedSubscription{"subscription": {overlayItem: it, Status: "active"}}, err // written only when err is nil
 		}))
 		handle("DELETE "+p+"/{subscription_id}", setRetired)
 	}
@@ -152,8 +153,10 @@ func (s *server) routes() {
 		reply(200, true, func(r *http.Request, b *vaultCredential) (any, error) {
 			it, err := s.inv.store(overlayItem{AgentID: r.PathValue("agent_id"), ID: r.PathValue("subscription_id")},
 				*b, infoFrom(r.Context()).client.ID)
-			err = s.credentialChanged(it, err)
-			return map[string]any{"ok": true, "subscription": s.inv.row(it, false, s.now())}, err // the row, never the secret
+			if s.credentialChanged(it); err != nil {
+				return nil, err
+			}
+			return map[string]any{"ok": true, "subscription": s.inv.row(it, false, s.now())}, nil // the row, never the secret
 		}))
 	// A provider's refusal of a probe is a 200 too: probe.ok false.
 	handle("POST /v1/admin/subscriptions/{agent_id}/{subscription_id}/probe",
@@ -459,13 +462,12 @@ func (s *server) hidePath(msg, path string) string {
 	return strings.ReplaceAll(msg, path, "(named by environment)")
 }
 
-// credentialChanged tells maintenance and the replay guard (SPEC §17) of store's new credential (it.ID "": none); err passes.
-func (s *server) credentialChanged(it overlayItem, err error) error {
+// credentialChanged tells maintenance and the replay guard (SPEC §17) of its new credential; it.ID "" is no change.
+func (s *server) credentialChanged(it overlayItem) {
 	if it.ID != "" {
 		s.maint.changed()
 		s.replay.forget("", it.Provider)
 	}
-	return err
 }
 
 // handleModel serves a chat route: read the head, resolve, pay, call; the body is parsed whole only to translate (SPEC
