@@ -271,19 +271,18 @@ func (r *registry) current() (*routesDoc, error) {
 func (r *registry) set(alias string, to *string, by string) (*routesDoc, error) {
 	return r.commit(func(doc *routesDoc) (*journalRecord, error) {
 		old, ok := doc.Routes[alias]
-		rec := journalRecord{Kind: "route_change", Alias: alias, By: by, routeChange: &routeChange{pick(ok, &old, nil), to}}
 		if to == nil && !ok {
 			return nil, withAlias(refuse("alias_unknown", "alias %q is not declared in the route registry", alias), alias, stateNoRoute, nil)
 		} else if to == nil {
 			delete(doc.Routes, alias)
-			return &rec, nil
+		} else {
+			*to = strings.TrimSpace(*to)
+			doc.Routes[alias] = *to // commit refuses an invalid document first: its refusal names the guard
+			if _, st, reason := doc.destination(*to, func(string) bool { return true }); st != stateServing && doc.validate() == nil {
+				return nil, refuse("invalid_request", "registry route %q: %s", alias, reason)
+			}
 		}
-		*to = strings.TrimSpace(*to)
-		doc.Routes[alias] = *to // commit refuses an invalid document first: its refusal names the guard
-		if _, st, reason := doc.destination(*to, func(string) bool { return true }); st != stateServing && doc.validate() == nil {
-			return nil, refuse("invalid_request", "registry route %q: %s", alias, reason)
-		}
-		return &rec, nil
+		return &journalRecord{Kind: "route_change", Alias: alias, By: by, routeChange: &routeChange{pick(ok, &old, nil), to}}, nil
 	})
 }
 
