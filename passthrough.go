@@ -16,10 +16,10 @@ import (
 // members §6.2 and §6.4 name, edited by their byte spans, never re-encoded; its answer is relayed as received, read
 // by the stream reader only for usage (§13), the terminal signal and the in-band error (§7.5).
 
-// jsonMember is one member of a rawObject: key (rawText), sep:end its segment (its comma included), val:end its value.
+// jsonMember is one member of a rawObject: key (rawText), val:end its value; its segment starts at the previous one's end.
 type jsonMember struct {
-	key           []byte
-	sep, val, end int
+	key      []byte
+	val, end int
 }
 
 // rawObject is one valid JSON object (an array: members without keys).
@@ -47,12 +47,11 @@ func splitRaw(src []byte, open byte, scratch []jsonMember) (rawObject, bool) {
 	}
 	o := rawObject{src: src, members: scratch[:0]}
 	for i++; ; {
-		m := jsonMember{sep: i}
 		i = len(src) - len(bytes.TrimLeft(src[i:], ", \t\n\r")) // past space and the separating comma, if any
 		if src[i] == '}' || src[i] == ']' {
 			return o, true
 		}
-		m.val = i
+		m := jsonMember{val: i}
 		if open == '{' {
 			k := skipJSONValue(src, i)
 			m.key, m.val = rawText(src[i:k]), skipJSONSpace(src, skipJSONSpace(src, k)+1) // past ':'
@@ -87,11 +86,10 @@ func (o rawObject) edit(edits ...memberEdit) []byte {
 
 // writeEdited writes edit's bytes piece by piece: a digest of them holds no copy of the body (the replay guard's, SPEC §17).
 func (o rawObject) writeEdited(w io.Writer, edits ...memberEdit) {
-	open := skipJSONSpace(o.src, 0) + 1
-	w.Write(o.src[:open])
-	tail, first := open, true
+	tail, first := skipJSONSpace(o.src, 0)+1, true // past the '{'
+	w.Write(o.src[:tail])
 	for _, m := range o.members {
-		seg := o.src[m.sep:m.end]
+		seg := o.src[tail:m.end]
 		tail = m.end
 		k := slices.IndexFunc(edits, func(e memberEdit) bool { return string(m.key) == e.key })
 		if k >= 0 && edits[k].value == nil {
