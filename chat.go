@@ -39,10 +39,10 @@ type (
 		Refusal    string          `json:"refusal,omitempty"` // answers only: the model refused
 	}
 	chatPart struct {
-		Type     string   `json:"type"`
-		Text     *string  `json:"text,omitempty"`
-		ImageURL *chatURL `json:"image_url,omitempty"`
-		File     *chatURL `json:"file,omitempty"`
+		Type     string  `json:"type"`
+		Text     *string `json:"text,omitempty"`
+		ImageURL chatURL `json:"image_url,omitzero"`
+		File     chatURL `json:"file,omitzero"`
 	}
 	chatURL struct { // an image_url's members, or a file's
 		URL      string `json:"url,omitempty"`
@@ -138,7 +138,7 @@ func (req *chatRequest) addChatMessage(m chatMessage, raw json.RawMessage, what 
 	}
 	parts, err := callerParts(req, m.Content, what+".content", "content parts",
 		func(cp chatPart, raw json.RawMessage, path string) (p part, _ string, err error) {
-			switch img, doc := valueOr(cp.ImageURL, chatURL{}), valueOr(cp.File, chatURL{}); {
+			switch img, doc := cp.ImageURL, cp.File; {
 			case cp.Type == "text":
 				p, err = textPart(cp.Text, path)
 			case cp.Type == "image_url":
@@ -173,12 +173,9 @@ func (req *chatRequest) addOpenAITool(t tool, raw json.RawMessage, what string) 
 		return refuse("invalid_request", "%s needs a name", what)
 	case t.Type == toolFunction || t.Type == toolCustom:
 		req.dropUnknown(raw, chatNested[t.Type]) // a custom tool carries no parameters (not read), a function no format
-		params, err := jsonObject(pick(t.Type == toolFunction, t.Parameters, nil), what+".parameters")
-		if t.Tools, t.Parameters = nil, params; t.Type == toolCustom {
-			t.Parameters, t.Strict = nil, nil
-		} else {
-			t.Format = nil
-		}
+		fn := t.Type == toolFunction             // t keeps what its kind carries
+		params, err := jsonObject(pick(fn, t.Parameters, nil), what+".parameters")
+		t.Tools, t.Parameters, t.Strict, t.Format = nil, params, pick(fn, t.Strict, nil), pick(fn, nil, t.Format)
 		req.Tools = append(req.Tools, t)
 		return err // on an error the whole request is refused
 	case t.Type == "namespace":
@@ -250,9 +247,9 @@ func encodeChat(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 			case partText:
 				parts = append(parts, chatPart{Type: "text", Text: &p.Text})
 			case partImage:
-				parts = append(parts, chatPart{Type: "image_url", ImageURL: &chatURL{URL: p.URL, Detail: p.Detail}})
+				parts = append(parts, chatPart{Type: "image_url", ImageURL: chatURL{URL: p.URL, Detail: p.Detail}})
 			case partDocument:
-				parts = append(parts, chatPart{Type: "file", File: &chatURL{FileData: p.URL, Filename: p.Filename}})
+				parts = append(parts, chatPart{Type: "file", File: chatURL{FileData: p.URL, Filename: p.Filename}})
 			case partToolCall:
 				msg.ToolCalls = append(msg.ToolCalls, chatCall(nil, p.ToolCallID, p.ToolName, p.Arguments, p.Custom))
 			case partToolResult:
