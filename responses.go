@@ -172,6 +172,8 @@ func (req *chatRequest) responsesParts(raw json.RawMessage, what string) ([]part
 			p, err = textPart(rp.Text, at)
 		case rp.Type == "input_image" && rp.ImageURL != nil:
 			p, err = part{Type: partImage, URL: *rp.ImageURL, Detail: rp.Detail}, checkCallerURL(*rp.ImageURL, at+".image_url")
+		case rp.Type == "input_file" && rp.FileData != "" && rp.FileURL != "": // one file per part
+			err = refuse("invalid_request", "%s holds both file_data and file_url; send one", at)
 		case rp.Type == "input_file" && rp.FileData+rp.FileURL != "":
 			p, err = part{Type: partDocument, URL: rp.FileData + rp.FileURL, Filename: rp.Filename}, checkCallerURL(rp.FileData+rp.FileURL, at)
 		default:

@@ -125,6 +125,7 @@ func TestParseResponsesRefuses(t *testing.T) {
 		{"content empty", `{"model":"m","input":[{"role":"user","content":[]}]}`},
 		{"content empty beside a full message", `{"model":"m","input":[` + u + `,{"role":"user","content":[]}]}`},
 		{"input_file part", `{"model":"m","input":[{"role":"user","content":[{"type":"input_file","file_data":"` + dialectPromptText + `"}]}]}`},
+		{"input_file with both file_data and file_url", `{"model":"m","input":[{"role":"user","content":[{"type":"input_file","file_data":"data:application/pdf;base64,AAA","file_url":"https://x.test/a.pdf"}]}]}`},
 		{"input_text without text", `{"model":"m","input":[{"role":"user","content":[{"type":"input_text"}]}]}`},
 		{"input_image by file id", `{"model":"m","input":[{"role":"user","content":[{"type":"input_image","file_id":"file_1"}]}]}`},
 		{"input_image http", `{"model":"m","input":[{"role":"user","content":[{"type":"input_image","image_url":"http://x/y"}]}]}`},
