@@ -236,7 +236,7 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 	}
 	if h := w.Header(); t.State == answerComplete { // replayed, with no provider call
 		var env envelope
-		if json.Unmarshal(t.Body, &env) == nil && env.Error.Code != "" {
+		if *t.Status/100 != 2 && json.Unmarshal(t.Body, &env) == nil && env.Error.Code != "" { // a kept refusal
 			c.t.outcome, c.t.retryable = env.Error.Code, env.Error.Retryable
 			h.Set("X-Should-Retry", fmt.Sprint(env.Error.Retryable)) // SPEC §8.1
 		}

@@ -557,6 +557,28 @@ func TestSignedAnswerReleaseFailed(t *testing.T) {
 // caller's instructions (and its input, twice: the last null); the kept body,
 // the first answer and the replay carry them as null, byte for byte alike,
 // under one signature (SPEC §12 item 7).
+// A kept 2xx answer is replayed as it was delivered, even when its body holds an error member (a failed
+// provider's body): no X-Should-Retry, and the log line's outcome is the first delivery's.
+func TestSignedAnswerReplaysA2xxAsDelivered(t *testing.T) {
+	d, _, _ := startAnswers(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"id":"c1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,`+
+			`"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"error":{"code":"server_error","message":"x"}}`)
+	})
+	var outcomes []any
+	for i, res := range []answerResult{postAnswer(d, "failed-1", answerBody("hi")), postAnswer(d, "failed-1", answerBody("hi"))} {
+		if res.status != 200 || res.hdr.Get("X-Should-Retry") != "" || (i == 1) != (res.hdr.Get("Brama-Answer-Replayed") == "true") {
+			t.Errorf("answer %d: %d X-Should-Retry %q replayed %q, want 200 with none", i, res.status, res.hdr.Get("X-Should-Retry"), res.hdr.Get("Brama-Answer-Replayed"))
+		}
+		id := res.hdr.Get("X-Request-Id")
+		d.stderr.waitFor(t, `"msg":"request","request_id":"`+id)
+		outcomes = append(outcomes, requestLine(t, d.stderr.String(), "request_id", id)["outcome"])
+	}
+	if outcomes[0] != outcomes[1] {
+		t.Errorf("log line outcomes %v, want the replay's as the first delivery's", outcomes)
+	}
+}
+
 func TestSignedAnswerDropsEchoedPrompt(t *testing.T) {
 	const secret = "SECRET-PROMPT-4b1d8e"
 	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
