@@ -98,6 +98,9 @@ func parseChatCompletions(cr *callerRequest) (chatRequest, error) {
 		b.Stop = slices.Concat([]byte("["), b.Stop, []byte("]"))
 	}
 	b.ResponseFormat.JSONSchema.Type = b.ResponseFormat.Type // "" when none
+	rf := rawMember(cr.body.src, "response_format")
+	req.dropUnknown(rf, "type json_schema") // structured output's other members are named
+	req.dropUnknown(rawMember(rf, "json_schema"), "name description schema strict")
 	err = cmp.Or(err, readList(b.Messages, "messages", req.addChatMessage),
 		readList(b.Tools, "tools", func(t chatToolCall, raw json.RawMessage, what string) error { // as Responses' flat tool
 			flat := valueOr(map[string]*chatFunction{toolFunction: t.Function, toolCustom: t.Custom}[t.Type], chatFunction{}).tool

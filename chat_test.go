@@ -122,6 +122,13 @@ func TestParseChatCompletions(t *testing.T) {
 				{Role: "user", Parts: []part{{Type: partToolResult, ToolCallID: "c1", Text: "ok", Custom: true}}}}},
 		},
 		{
+			name: "unknown members of response_format and its json_schema are named (SPEC §7.6)",
+			body: `{"model":"m","messages":[{"role":"user","content":"q"}],"response_format":{"type":"json_schema","x_a":1,
+				"json_schema":{"name":"o","schema":{"type":"object"},"x_b":2}}}`,
+			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")},
+				Output: &outputFormat{Type: "json_schema", Name: "o", Schema: json.RawMessage(`{"type":"object"}`)}, Dropped: []string{"x_a", "x_b"}},
+		},
+		{
 			name: "a tool of another type is named by its type",
 			body: `{"model":"m","messages":[{"role":"user","content":"q"}],"tools":[{"type":"web_search"},{"function":{"name":"f"}}]}`,
 			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")}, Dropped: []string{"web_search", "tools"}},

@@ -162,7 +162,11 @@ func parseMessages(cr *callerRequest) (chatRequest, error) {
 	if o := b.OutputConfig; o.Effort != "" {
 		req.Effort, req.EffortName = o.Effort, "effort"
 	}
-	f := valueOr(cmp.Or(b.OutputConfig.Format, b.OutputFormat), outputFormat{}) // its type and schema: a name and strict are OpenAI's
+	oc := rawMember(cr.body.src, "output_config")
+	req.dropUnknown(oc, "format effort")
+	req.dropUnknown(rawMember(oc, "format"), "type schema") // a name and strict are OpenAI's
+	req.dropUnknown(rawMember(cr.body.src, "output_format"), "type schema")
+	f := valueOr(cmp.Or(b.OutputConfig.Format, b.OutputFormat), outputFormat{}) // its type and schema
 	err = cmp.Or(err, req.setOutput(outputFormat{Type: f.Type, Schema: f.Schema}, "output_config.format"))
 	return req.finishParse(err, "messages must hold at least one user or assistant turn")
 }
@@ -288,6 +292,8 @@ func encodeMessages(req *chatRequest, c call, h http.Header) ([]byte, error) {
 		return nil, refuse("invalid_request", "structured output without a JSON Schema (JSON mode) cannot be expressed to an anthropic-messages provider; send a JSON Schema")
 	} else if f != nil {
 		out.OutputConfig.Format = &outputFormat{Type: f.Type, Schema: f.Schema}
+		req.drop(f.Name != "", "name") // OpenAI's: messages' format has no name or description
+		req.drop(f.Description != "", "description")
 	}
 	// SPEC §7.6: the structured-outputs beta, for a JSON Schema output format or a tool's strict, true or false.
 	if req.Output != nil || slices.ContainsFunc(req.Tools, func(t tool) bool { return t.Strict != nil }) {

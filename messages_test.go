@@ -70,6 +70,13 @@ func TestParseMessages(t *testing.T) {
 				Dropped: []string{"thinking", "is_error"}},
 		},
 		{
+			name: "unknown members of output_config and of either format are named (SPEC §7.6)",
+			body: `{"model":"m","messages":[{"role":"user","content":"q"}],"output_config":{"x_a":1,"format":{"type":"json_schema","schema":{},"name":"o"}},
+				"output_format":{"type":"json_schema","schema":{},"strict":true}}`,
+			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")},
+				Output: &outputFormat{Type: "json_schema", Schema: json.RawMessage(`{}`)}, Dropped: []string{"x_a", "name", "strict"}},
+		},
+		{
 			name: "tool_choice kinds",
 			body: `{"model":"m","messages":[{"role":"user","content":"q"}],"tool_choice":{"type":"tool","name":"f","disable_parallel_tool_use":true}}`,
 			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")}, ToolChoice: &toolChoice{Mode: toolChoiceTool, Name: "f"}, ParallelToolCalls: new(false)},

@@ -107,6 +107,7 @@ func parseResponses(cr *callerRequest) (chatRequest, error) {
 	}
 	req.dropUnknown(rawMember(cr.body.src, "reasoning"), "effort")
 	req.dropUnknown(rawMember(cr.body.src, "text"), "format verbosity")
+	req.dropUnknown(rawMember(rawMember(cr.body.src, "text"), "format"), "type name description schema strict")
 	req.Shared, req.ParallelToolCalls, req.System, req.Verbosity = b.openAIShared, b.ParallelToolCalls, b.Instructions, b.Text.Verbosity
 	req.Effort, req.EffortName = b.Reasoning.Effort, pick(b.Reasoning.Effort != "", "effort", "")
 	switch {

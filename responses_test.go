@@ -72,6 +72,12 @@ func TestParseResponses(t *testing.T) {
 				Tools: []tool{{Type: toolCustom, Name: "c"}, {Type: toolFunction, Name: "f"}}, Dropped: []string{"parameters", "strict", "format"}},
 		},
 		{
+			name: "unknown members of text.format are named (SPEC §7.6)",
+			body: `{"model":"m","input":"q","text":{"format":{"type":"json_schema","name":"o","schema":{"type":"object"},"x_a":1}}}`,
+			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")},
+				Output: &outputFormat{Type: "json_schema", Name: "o", Schema: json.RawMessage(`{"type":"object"}`)}, Dropped: []string{"x_a"}},
+		},
+		{
 			name: "a custom tool's parameters are dropped unread",
 			body: `{"model":"m","input":"q","tools":[{"type":"custom","name":"c","parameters":"not an object"}]}`,
 			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")},

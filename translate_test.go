@@ -299,6 +299,7 @@ func TestTranslationAcrossFormats(t *testing.T) {
 			name: "structured output: chat to messages", path: "/v1/chat/completions", provider: "anthropic",
 			body:         `{"model":"anthropic/claude-test","max_tokens":100,"messages":[{"role":"user","content":"q"}],"response_format":{"type":"json_schema","json_schema":{"name":"o","schema":{"type":"object","properties":{"ok":{"type":"boolean"}}},"strict":true}}}`,
 			wantUpstream: map[string]string{"output_config.format.type": `"json_schema"`, "output_config.format.schema.properties.ok.type": `"boolean"`},
+			wantDropped:  "name", // messages' format has none (SPEC §7.6)
 			wantBeta:     structuredOutputsBeta,
 			wantAnswer:   map[string]string{"choices[0].message.content": `"{\"ok\":true}"`},
 		},
@@ -336,8 +337,9 @@ func TestTranslationAcrossFormats(t *testing.T) {
 		},
 		{
 			name: "structured output: responses to messages", path: "/v1/responses", provider: "anthropic",
-			body:         `{"model":"anthropic/claude-test","max_output_tokens":100,"input":"q","text":{"format":{"type":"json_schema","name":"o","schema":{"type":"object"}}}}`,
+			body:         `{"model":"anthropic/claude-test","max_output_tokens":100,"input":"q","text":{"format":{"type":"json_schema","name":"o","description":"d","schema":{"type":"object"}}}}`,
 			wantUpstream: map[string]string{"output_config.format.schema": `{"type":"object"}`},
+			wantDropped:  "name, description",
 			wantBeta:     structuredOutputsBeta,
 		},
 	}
