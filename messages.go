@@ -309,7 +309,7 @@ func encodeMessages(req *chatRequest, c call, h http.Header) ([]byte, error) {
 			h.Add("Anthropic-Beta", effortBeta)
 		}
 	} else {
-		req.drop(req.Effort != "", req.EffortName)
+		req.drop(req.Effort != "" && req.Effort != "none", req.EffortName) // none: no thinking is what was asked
 	}
 	req.drop(req.Verbosity != "", "verbosity")
 	var tools []messagesTool

@@ -192,6 +192,11 @@ func TestTranslationAcrossFormats(t *testing.T) {
 			wantDropped:  "reasoning_effort",
 		},
 		{
+			name: "reasoning effort none is carried as no thinking, not named", path: "/v1/chat/completions", provider: "anthropic",
+			body:         `{"model":"anthropic/claude-test","max_tokens":500,"messages":[{"role":"user","content":"q"}],"reasoning_effort":"none"}`,
+			wantUpstream: map[string]string{"thinking": ``, "max_tokens": `500`},
+		},
+		{
 			// The API refuses temperature and top_p beside thinking: both go, named.
 			name: "sampling beside a thinking budget is named", path: "/v1/chat/completions", provider: "anthropic",
 			body:         `{"model":"anthropic/claude-test","max_tokens":30000,"messages":[{"role":"user","content":"q"}],"reasoning_effort":"high","temperature":0.3,"top_p":0.9}`,
