@@ -450,8 +450,7 @@ func (s *server) handleReady(w http.ResponseWriter, r *http.Request) {
 		reasons = append(reasons, "no payer: no direct credential, declared deployment or active subscription")
 	}
 	ready := len(reasons) == 0 // a map's keys are written sorted: ready, reasons, warnings
-	writeJSON(w, pick(ready, 200, 503),
-		map[string]any{"ready": ready, "reasons": reasons, "warnings": warnings})
+	writeJSON(w, pick(ready, 200, 503), map[string]any{"ready": ready, "reasons": reasons, "warnings": warnings})
 }
 
 // hidePath keeps a file's location out of a sentence unless it lies inside the state directory.
