@@ -477,8 +477,13 @@ func (s *sseReader) next() (raw []byte, event string, data []byte, err error) {
 	return s.raw, event, data, nil
 }
 
-// ready reports whether a whole next block is buffered (no wait to read it).
+// ready reports whether a whole next block is buffered (no wait to read it). Blank lines and comments before a
+// block are skipped as next skips them: a comment is no block (OpenRouter's ": OPENROUTER PROCESSING").
 func (s *sseReader) ready() bool {
-	b := bytes.TrimLeft(s.rest, "\r\n") // blank lines before a block are skipped, not an end
+	b := bytes.TrimLeft(s.rest, "\r\n")
+	for bytes.HasPrefix(b, []byte(":")) {
+		_, b, _ = bytes.Cut(b, []byte("\n")) // a comment ended by a lone "\r" too: it only skips more
+		b = bytes.TrimLeft(b, "\r\n")
+	}
 	return bytes.Contains(b, []byte("\n\n")) || bytes.Contains(b, []byte("\n\r\n"))
 }

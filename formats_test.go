@@ -686,7 +686,8 @@ func TestResponsesEncodesEmptyCallInput(t *testing.T) {
 
 // TestTranslatedStreamHoldsNoEvent: a translated stream flushes what it wrote before Brama next waits on the provider
 // (SPEC §7.5, REFERENCE), as a relay does (the last row), so no event waits in Brama for a later one, also when the
-// last event of a read writes nothing (a chat chunk of an empty delta, Anthropic's ping). The provider sends its first
+// last event of a read writes nothing (a chat chunk of an empty delta, Anthropic's ping) or a comment ends it
+// (OpenRouter's ": OPENROUTER PROCESSING", which is no block and so no reason not to flush). The provider sends its first
 // read, then waits until the caller has the text; if Brama held it, the provider gives up after 10 s (a failure
 // detector, not a clock).
 func TestTranslatedStreamHoldsNoEvent(t *testing.T) {
@@ -720,12 +721,15 @@ func TestTranslatedStreamHoldsNoEvent(t *testing.T) {
 	env := stateEnv(t)
 	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = provider(chatFirst, chatRest).URL
 	env["BRAMA_PROVIDER_ANTHROPIC_BASE_URL"] = provider(msgFirst, msgRest).URL
-	d := startDaemon(t, env, `{"openai":"k1","anthropic":"k2"}`, "-local-credentials-stdin")
+	env["BRAMA_PROVIDER_OPENROUTER_BASE_URL"] = provider(chatFirst[:strings.Index(chatFirst, "\n\n")+2]+": OPENROUTER PROCESSING\n\n", chatRest).URL
+	d := startDaemon(t, env, `{"openai":"k1","anthropic":"k2","openrouter":"k3"}`, "-local-credentials-stdin")
 	for _, tc := range []struct{ dialect, model, text string }{
 		{dialectMessages, "openai/gpt-test", `"text":"Hel"`},
 		{dialectResponses, "openai/gpt-test", `"delta":"Hel"`},
 		{dialectChat, "anthropic/claude-test", `"content":"Hel"`},
 		{dialectChat, "openai/gpt-test", `"content":"Hel"`}, // passthrough: relayed as received, flushed the same way
+		{dialectMessages, "openrouter/gpt-test", `"text":"Hel"`},
+		{dialectChat, "openrouter/gpt-test", `"content":"Hel"`},
 	} {
 		t.Run(tc.dialect+" from "+tc.model, func(t *testing.T) {
 			got := make(chan struct{})
