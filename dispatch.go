@@ -145,7 +145,6 @@ func (e *engine) attemptRoute(ctx context.Context, j *job, c call, req *callerRe
 	}
 	poolRefused := map[string]bool{} // each walked candidate's provider: did every subscription refuse?
 	var unfit *apiError              // a candidate skipped: no max_tokens known, or a request its format cannot express
-candidates:
 	for _, res := range sels {
 		p, cand, creq := res.Provider, call{res: res, baseURL: res.BaseURL, cred: c.cred}, req
 		if j.selects {
@@ -177,7 +176,7 @@ candidates:
 				return refuse("dependency_unavailable", "provider %q has an unusable base URL: %v", p.id, err).withAttempts(e.t.attempts)
 			}
 		}
-		begin, before, rejected := e.now(), e.t.attempts, false
+		begin, before, rejected, skipped := e.now(), e.t.attempts, false, false
 		for ; len(queue) > 0 && e.t.attempts-before < j.calls && !rejected; queue = queue[1:] { // a skip spends no call
 			c, sub := cand, &queue[0]
 			if !pays {
@@ -190,9 +189,9 @@ candidates:
 			start := e.now()
 			hr, err := j.build(ctx, c, creq)
 			if ae := asAPIError(err); ae != nil && j.selects && ae.Code == "invalid_request" {
-				unfit = ae // its format cannot express the request (SPEC §7.6)
+				unfit, skipped = ae, true // its format cannot express the request (SPEC §7.6)
 				e.note(res.Route, "skipped: "+ae.Message)
-				continue candidates
+				break
 			} else if err != nil && e.t.attempts > 0 { // the request could not be built: nothing was called
 				return ae.withAttempts(e.t.attempts)
 			} else if err != nil {
@@ -227,6 +226,9 @@ candidates:
 			default: // any other refusal; a transport failure or cut body, potentially billable
 				return e.settle(ctx, j, c, start, usage{}, ref.err.withAttempts(e.t.attempts))
 			}
+		}
+		if skipped && e.t.attempts == before { // unfit before any call on it: not walked; calls made count, below
+			continue
 		}
 		if e.t.attempts > before && j.spends { // calls all refused count as one failure of the route (SPEC §13)
 			e.perf.record(res.Route, false, e.now().Sub(begin), 0)

@@ -909,3 +909,33 @@ func TestSelectorCandidatesTakeTheirOwnOutputLimit(t *testing.T) {
 		t.Errorf("the provider was sent %v, want %v (each candidate its own model's output limit)", sent, want)
 	}
 }
+
+// TestSelectorCountsCallsOnACandidateItCannotFinish: a selector's candidate whose first subscription was called and
+// refused, and whose next one cannot carry the request (claude-code's OAuth system edit refuses a numeric system),
+// still counts its call: the refusal states it and classifies what the provider said (SPEC §8.1), not the unfit 400.
+func TestSelectorCountsCallsOnACandidateItCannotFinish(t *testing.T) {
+	env := stateEnv(t)
+	fake := newKeyedFake(t, map[string]string{"": "200"}) // an API key goes in x-api-key: no bearer
+	env["BRAMA_PROVIDER_CLAUDE_CODE_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, "")
+	if s, _, b := d.call("PUT", "/v1/admin/routes", d.token, `{"alias":"c1","route":"claude-code/claude-a"}`); s != 200 {
+		t.Fatalf("PUT: %d %s", s, b)
+	}
+	tok, _ := agentWithSubs(t, d, "a1", "claude-code", "cc-key")
+	donateGrant(t, d, "cc-access-0123", "cc-refresh-0123", time.Now().Add(time.Hour).UnixMilli())
+	if s, _, b := d.call("POST", "/v1/messages", tok, chatBody(dialectMessages, "any", false, "")); s != 200 { // the route served: its perf entry
+		t.Fatalf("first request: %d %s", s, b)
+	}
+	fake.set("", "429")
+	status, hdr, body := d.call("POST", "/v1/messages", tok, `{"model":"any","max_tokens":10,"system":5,"messages":[{"role":"user","content":"hi"}]}`)
+	var got struct{ Error apiError }
+	json.Unmarshal(body, &got)
+	if status != 429 || hdr.Get("Brama-Attempts") != "1" || got.Error.Attempts == nil || *got.Error.Attempts != 1 ||
+		got.Error.Code != "provider_rate_limited" || fake.total() != 2 {
+		t.Errorf("%d Brama-Attempts %q %s after %d calls; want the 429 refusal stating its one call", status, hdr.Get("Brama-Attempts"), body, fake.total()-1)
+	}
+	_, _, m := d.call("GET", "/metrics", d.token, "")
+	if want := `brama_route_failures_total{route="claude-code/claude-a"} 1`; !strings.Contains(string(m), want) {
+		t.Errorf("metrics lack %q (the route's refused call counts, SPEC §13):\n%s", want, m)
+	}
+}
