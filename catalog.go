@@ -58,7 +58,7 @@ type catalog struct {
 	mu         sync.Mutex      // guards the fields below
 	data       catalogData     // nil when absent
 	why        string          // why data is nil
-	nextTry    time.Time       // a TTL after the last read, good or bad, or the cache's fetch
+	nextTry    time.Time       // a TTL after the last read, good or bad
 	fileID     string          // a file source's size and mtime at the last read
 	ctx        context.Context // start's, for every background read
 	wg         *sync.WaitGroup // start's: counts the background reads; nil until start
@@ -95,8 +95,6 @@ func newCatalog(st state, getenv func(string) string, client *http.Client, log *
 	case err != nil && c.cachePath != "": // an unplaced cache was logged above
 		log.Warn("model_metadata_cache_unreadable", "cause", err.Error())
 		err = fmt.Errorf("the cached copy is unreadable: %w", err)
-	case err == nil && !cc.FetchedAt.After(now()): // a fetch time from the future has no usable age
-		c.nextTry = cc.FetchedAt.Add(ttl)
 	}
 	if c.url == "" && err != nil {
 		c.why = "live reads are off (BRAMA_MODEL_CATALOG_URL=off) and " + err.Error() // data is nil: no usable copy
