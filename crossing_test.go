@@ -254,9 +254,11 @@ func TestCompressedBodyIsRefusedClearly(t *testing.T) {
 	zw := gzip.NewWriter(&gz)
 	io.WriteString(zw, chatBody(dialectChat, "openai/gpt-test", false, ""))
 	zw.Close()
-	status, _, body := d.call("POST", "/v1/chat/completions", d.token, gz.String(), "Content-Encoding", "gzip")
-	if e := envelopeOf(t, body); status != 400 || e["code"] != "invalid_request" || !strings.Contains(e["message"].(string), "Content-Encoding") || fake.calls.Load() != 0 {
-		t.Errorf("a gzip body: %d %s after %d calls, want 400 naming Content-Encoding before any call", status, body, fake.calls.Load())
+	for _, hdr := range [][]string{{"Content-Encoding", "gzip"}, {"Content-Encoding", "identity", "Content-Encoding", "gzip"}} {
+		status, _, body := d.call("POST", "/v1/chat/completions", d.token, gz.String(), hdr...)
+		if e := envelopeOf(t, body); status != 400 || e["code"] != "invalid_request" || !strings.Contains(e["message"].(string), "Content-Encoding") || fake.calls.Load() != 0 {
+			t.Errorf("a gzip body with %q: %d %s after %d calls, want 400 naming Content-Encoding before any call", hdr, status, body, fake.calls.Load())
+		}
 	}
 	if status, _, body := d.call("POST", "/v1/chat/completions", d.token, chatBody(dialectChat, "openai/gpt-test", false, ""), "Content-Encoding", "identity"); status != 200 {
 		t.Errorf("Content-Encoding: identity: %d %s, want 200", status, body)

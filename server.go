@@ -313,7 +313,8 @@ func (s *server) caller(w http.ResponseWriter, r *http.Request, h handler) error
 		return refuse("forbidden", "this request acts for agent %q, not %q", agent, p)
 	}
 	limit, body, err := s.maxBody, []byte(nil), error(nil)
-	if ce := r.Header.Get("Content-Encoding"); r.ContentLength <= limit && ce != "" && !strings.EqualFold(ce, "identity") {
+	ce := strings.Join(r.Header.Values("Content-Encoding"), ",") // each header: "identity" then "gzip" is compressed
+	if r.ContentLength <= limit && ce != "" && !strings.EqualFold(ce, "identity") {
 		return refuse("invalid_request", "a compressed request body (Content-Encoding) is not read; send it uncompressed")
 	} else if r.ContentLength <= limit {
 		body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
