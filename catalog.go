@@ -209,8 +209,9 @@ func parseCatalog(b []byte, readErr error) (catalogData, error) {
 		return nil, fmt.Errorf("%w: %v", errCatalogShape, cmp.Or(err, errors.New("null")))
 	}
 	out := make(catalogData, len(top))
-	for vendor, raw := range top { // a RawMessage starts at its value, never empty
+	for _, vendor := range slices.Sorted(maps.Keys(top)) { // sorted: a refusal names the same vendor every time
 		var v struct{ Models map[string]json.RawMessage }
+		raw := top[vendor] // a RawMessage starts at its value, never empty
 		if raw[0] != '{' {
 			return nil, fmt.Errorf("%w: provider %q is not an object", errCatalogShape, truncateUTF8(vendor, 64))
 		}

@@ -171,6 +171,16 @@ func TestCatalogVendor(t *testing.T) {
 	}
 }
 
+// TestParseCatalogNamesOneBrokenVendor: of several vendors that are not objects, the refusal names the first in
+// sorted order every time, not one picked by map order (a warning that changes between restarts misleads).
+func TestParseCatalogNamesOneBrokenVendor(t *testing.T) {
+	for range 20 {
+		if _, err := parseCatalog([]byte(`{"b":1,"a":2,"c":3}`), nil); err == nil || !strings.Contains(err.Error(), `provider "a"`) {
+			t.Fatalf("parseCatalog error = %v, want it to name provider \"a\"", err)
+		}
+	}
+}
+
 func TestParseCatalog(t *testing.T) {
 	tests := []struct {
 		name    string
