@@ -211,7 +211,7 @@ func decodeCallerJSON(data []byte, v any, what string) error {
 // dropUnknown names, in the body's order, every member of the JSON object raw not in known (space-separated, any
 // case: encoding/json matches member names so); a non-object names nothing.
 func (req *chatRequest) dropUnknown(raw json.RawMessage, known string) {
-	o, _ := splitRaw(raw, '{', nil)
+	o, _ := splitRaw(raw, '{', make([]jsonMember, 0, 16))
 	names := strings.Fields(known)
 	for _, m := range o.members {
 		if !slices.ContainsFunc(names, func(n string) bool { return strings.EqualFold(n, string(m.key)) }) {

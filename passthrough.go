@@ -308,10 +308,10 @@ func rawShape(raw json.RawMessage) byte {
 
 // rawMember is raw's member name in any case, as encoding/json matches it: the last one of that name.
 func rawMember(raw json.RawMessage, name string) (v json.RawMessage) {
-	o, _ := splitRaw(raw, '{', nil)
+	o, _ := splitRaw(raw, '{', make([]jsonMember, 0, 16)) // on the stack: it does not escape
 	for _, m := range o.members {
 		if strings.EqualFold(string(m.key), name) {
-			v = o.src[m.val:m.end]
+			v = raw[m.val:m.end]
 		}
 	}
 	return v
