@@ -176,7 +176,7 @@ func (req *chatRequest) addOpenAITool(t tool, raw json.RawMessage, what string) 
 		return refuse("invalid_request", "%s needs a name", what)
 	case t.Type == toolFunction || t.Type == toolCustom:
 		req.dropUnknown(raw, chatNested[t.Type]) // a custom tool carries no parameters (not read), a function no format
-		fn := t.Type == toolFunction             // t keeps what its kind carries
+		fn := t.Type == toolFunction
 		params, err := jsonObject(pick(fn, t.Parameters, nil), what+".parameters")
 		t.Tools, t.Parameters, t.Strict, t.Format = nil, params, pick(fn, t.Strict, nil), pick(fn, nil, t.Format)
 		req.Tools = append(req.Tools, t)
