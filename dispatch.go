@@ -255,7 +255,10 @@ func (e *engine) exhausted(res resolution, tried bool, unfit *apiError) *apiErro
 		return unfit
 	case !tried: // a sign-in when no subscription of the route's provider (of a selector's: any, pool("")) is active
 		items, err := e.inv.pool(e.agent, res.Provider.id)
-		ae = refuse("credential_unauthorized", "no subscription of agent %q can serve %s", e.agent, route)
+		ae = refuse("credential_unauthorized", "no %q subscription for agent %q", res.Provider.id, e.agent)
+		if res.Provider.id == "" { // a selector or best; the two sentences are SPEC §7.2's and §7.3's
+			ae = refuse("credential_unauthorized", "no subscription model can serve agent %q", e.agent)
+		}
 		if err == nil && len(items) > 0 && !slices.ContainsFunc(items, func(it overlayItem) bool { return e.ledger.entry(it.ID).Credential.State == credActive }) {
 			ae = refuse("subscription_reauthorization_required", "no subscription of agent %q for %s is active; sign in again",
 				e.agent, route)

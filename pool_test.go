@@ -378,8 +378,9 @@ func TestSubscriptionRouteNeedsAgent(t *testing.T) {
 	}
 	tok := addClient(t, env, "lonely-app", "-agent", "lonely")
 	for _, tc := range []struct{ model, msg string }{
-		{"kimi/k2", `no subscription of agent "lonely" can serve kimi/k2`},
-		{"any", `no subscription of agent "lonely" can serve any`},
+		{"kimi/k2", `no "kimi" subscription for agent "lonely"`},
+		{"any", `no subscription model can serve agent "lonely"`},
+		{"best", `no subscription model can serve agent "lonely"`},
 	} {
 		status, _, body := d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, tc.model, false, ""))
 		if e := envelopeOf(t, body); status != 503 || e["code"] != "credential_unauthorized" || e["attempts"] != float64(0) || e["message"] != tc.msg {
