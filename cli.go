@@ -104,7 +104,7 @@ func commands() []command {
 				doc, err := e.deps(e.sys()).clients.load() // absent: no clients
 				return table(e.stdout, err, "ID\tROLE\tAGENT\tALLOWED\n", valueOr(doc, clientsDoc{}).Clients,
 					func(c client) []string {
-						allow := pick(c.AllowedModels == nil, "(any model)", "") + strings.Join(c.AllowedModels, ",")
+						allow := cmp.Or(strings.Join(c.AllowedModels, ","), pick(c.AllowedModels == nil, "(any model)", "(no model)"))
 						return []string{c.ID, c.Role, cmp.Or(c.AgentID, "-"), allow}
 					})
 			}},

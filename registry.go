@@ -67,7 +67,7 @@ type (
 		TokenSHA256   string   `json:"token_sha256"`
 		Role          string   `json:"role"`
 		AgentID       string   `json:"agent_id,omitempty"`
-		AllowedModels []string `json:"allowed_models,omitempty"`
+		AllowedModels []string `json:"allowed_models,omitzero"` // [] allows no model, nil any (absent, or null)
 	}
 	clientsDoc struct {
 		Clients []client `json:"clients"` // nil: there is no clients file

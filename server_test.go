@@ -4,9 +4,12 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -254,5 +257,35 @@ func TestHangUpAfterTheTerminalEventIsOK(t *testing.T) {
 				t.Errorf("log line %v, want outcome ok after 1 call", lines)
 			}
 		})
+	}
+}
+
+// TestEmptyAllowlistSurvivesRewrites: "allowed_models": [] allows no model (SPEC §3.1: when present, exact
+// membership), and a rewrite of clients.json by another command keeps it so: it once came back absent (any model).
+func TestEmptyAllowlistSurvivesRewrites(t *testing.T) {
+	env := stateEnv(t)
+	d := startDaemon(t, env, "")
+	name := filepath.Join(env["BRAMA_STATE_DIR"], "clients.json")
+	doc, err := parseClients(must(os.ReadFile(name)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := "brama_" + strings.Repeat("n", 43)
+	app := `,{"id":"app","token_sha256":"` + hexSHA256([]byte(tok)) + `","role":"caller","allowed_models":[]}]}`
+	if err := writeFileAtomic(name, bytes.Replace(must(json.Marshal(doc)), []byte("]}"), []byte(app), 1)); err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []string{"hand-written", "after clients add"} {
+		status, _, body := d.call("POST", "/v1/chat/completions", tok, `{"model":"chat","messages":[{"role":"user","content":"hi"}]}`)
+		if status != 403 || !bytes.Contains(body, []byte(`"forbidden"`)) {
+			t.Errorf("%s: a client allowed no model got %d %s, want 403 forbidden", step, status, body)
+		}
+		addClient(t, env, "other"+strconv.Itoa(len(step)))
+	}
+	if !regexp.MustCompile(`"allowed_models": ?\[\]`).Match(must(os.ReadFile(name))) {
+		t.Errorf("clients.json lost app's empty allowed_models")
+	}
+	if out, _, _ := runCLI(t, env, "", "clients", "list"); !regexp.MustCompile(`(?m)^app +caller +- +\(no model\)$`).MatchString(out) {
+		t.Errorf("clients list does not show app allowed no model:\n%s", out)
 	}
 }
