@@ -279,10 +279,7 @@ usage reports: {{.Usage.Subscriptions}} subscription(s), {{.Usage.Read}} read, {
 next due: {{with .NextDueAt}}{{.}}{{else}}nothing due{{end}}
 `)).Execute(e.stdout, rep)
 				}
-				if err == nil && !rep.OK {
-					err = errRefused
-				}
-				return err
+				return cmp.Or(err, pick(rep.OK, nil, errRefused))
 			}},
 		{name: "onboard", args: "[-model ROUTE] [-allow-provider-cost]", purpose: "walk the first-use journey in-process: state directory, client, a route that can serve, one real answer", example: "brama onboard -model openai/gpt-4o-mini -allow-provider-cost", run: onboard, flags: []flagSpec{{"model", "", "the `route` of the one real call: a direct route, a deployment, or an alias to one"}, {"allow-provider-cost", false, "make the one real (billable) model call"}}},
 		{name: "answers verify", args: "[-signature v1=HEX] FILE", pos: 1, purpose: "check a kept answer's signature (or a raw body against -signature); prints ok", example: "brama answers verify ~/.brama/answers/local/3f….json", flags: []flagSpec{{"signature", "", "check `v1=HEX` (a Brama-Answer-Signature) over FILE's raw bytes instead of reading FILE as a kept answer"}},
@@ -332,10 +329,8 @@ next due: {{with .NextDueAt}}{{.}}{{else}}nothing due{{end}}
 			}},
 		{name: "journal check", purpose: "print each unreadable journal line; exit 1 when a non-final line is unreadable", example: "brama journal check",
 			run: func(e *cliEnv, _ opts, _ []string) error {
-				if ok, err := checkJournal(newJournal(resolveState(e.getenv), e.sys()), e.stdout); err != nil || ok {
-					return err
-				}
-				return errRefused
+				ok, err := checkJournal(newJournal(resolveState(e.getenv), e.sys()), e.stdout)
+				return cmp.Or(err, pick(ok, nil, errRefused))
 			}},
 	}
 }
