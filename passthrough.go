@@ -128,6 +128,9 @@ func skipJSONSpace(b []byte, i int) int { return len(b) - len(bytes.TrimLeft(b[i
 
 // skipJSONValue is the index just past the valid value (or key) at i; no recursion, so no depth exhausts a stack.
 func skipJSONValue(b []byte, i int) int {
+	if b[i] != '"' && b[i] != '{' && b[i] != '[' { // a scalar ends where its object or array goes on
+		return i + bytes.IndexAny(b[i:], ",}] \t\n\r")
+	}
 	for depth := 0; i < len(b); i++ {
 		switch b[i] {
 		case '"': // to the closing quote
@@ -138,14 +141,8 @@ func skipJSONValue(b []byte, i int) int {
 			depth++
 		case '}', ']':
 			depth--
-		case ',', ' ', '\t', '\n', '\r':
-			if depth == 0 {
-				return i
-			}
 		}
-		if depth < 0 {
-			return i // a scalar's end
-		} else if depth == 0 && i < len(b) && (b[i] == '"' || b[i] == '}' || b[i] == ']') {
+		if depth == 0 {
 			return i + 1
 		}
 	}
