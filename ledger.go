@@ -105,11 +105,10 @@ type persisted[V any] struct {
 	afterFunc func(d time.Duration, f func()) ledgerStopper
 	doc       func(entries map[string]V, now time.Time) any // the file's document around the entries, encoded under mu
 
-	mu        sync.Mutex // guards entries, dirty, lastWrite, timer
+	mu        sync.Mutex // guards entries, lastWrite, timer
 	entries   map[string]V
-	dirty     bool          // changed since the last write
 	lastWrite time.Time     // clock moment of the last snapshot taken for the file
-	timer     ledgerStopper // the armed write-behind, nil when none
+	timer     ledgerStopper // the armed write-behind, nil when none: no change waits for it
 	writeMu   sync.Mutex    // held from snapshot to rename: racing writes never leave older state
 }
 
@@ -118,7 +117,6 @@ func (p *persisted[V]) change(immediate bool, fn func(entries map[string]V, now 
 	now := p.now()
 	p.mu.Lock()
 	fn(p.entries, now)
-	p.dirty = true
 	due := immediate || now.Sub(p.lastWrite) >= p.every // a zero lastWrite is long ago
 	if !due && p.timer == nil && p.name != "" {
 		p.timer = p.afterFunc(p.every-now.Sub(p.lastWrite), func() { p.flush(true) })
@@ -132,12 +130,12 @@ func (p *persisted[V]) change(immediate bool, fn func(entries map[string]V, now 
 }
 
 // flush writes a snapshot now (at shutdown too) and disarms the write-behind; pendingOnly (the write-behind firing) writes
-// only unwritten changes, so one stopped while it fired writes nothing.
+// only while one is armed, so one stopped while it fired writes nothing.
 func (p *persisted[V]) flush(pendingOnly bool) {
 	p.writeMu.Lock()
 	defer p.writeMu.Unlock()
 	p.mu.Lock()
-	if p.name == "" || pendingOnly && !p.dirty {
+	if p.name == "" || pendingOnly && p.timer == nil {
 		p.mu.Unlock()
 		return
 	}
@@ -145,7 +143,7 @@ func (p *persisted[V]) flush(pendingOnly bool) {
 		p.timer.Stop()
 		p.timer = nil
 	}
-	p.dirty, p.lastWrite = false, p.now()
+	p.lastWrite = p.now()
 	data, err := marshalState(p.doc(p.entries, p.lastWrite)) // under mu: the document is encoded, never kept
 	p.mu.Unlock()
 	if err == nil { // a document that cannot be encoded never replaces the file
