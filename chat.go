@@ -267,8 +267,11 @@ func encodeChat(req *chatRequest, c call, _ http.Header) ([]byte, error) {
 			continue // only tool results: already sent as role "tool"
 		case m.Role == "user" && slices.ContainsFunc(parts, func(cp chatPart) bool { return cp.Text == nil }):
 			msg.Content = must(json.Marshal(parts)) // images or files: parts, else one string
-		case len(parts) > 0:
+		case len(parts) > 0: // an assistant's content is text only
 			msg.Content = jsonText(textOf(m.Parts, ""))
+			for _, p := range m.Parts {
+				req.drop(p.Type == partImage || p.Type == partDocument, p.Type)
+			}
 		}
 		msgs = append(msgs, msg)
 	}

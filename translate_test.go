@@ -266,6 +266,15 @@ func TestTranslationAcrossFormats(t *testing.T) {
 			wantDropped:  "image",
 		},
 		{
+			// Chat's assistant content is text only: an earlier answer's image or document is named, never lost silently.
+			name: "an assistant's image or document toward chat is named", path: "/v1/messages", provider: "openai",
+			body: `{"model":"openai/gpt-test","max_tokens":10,"messages":[{"role":"user","content":"hi"},
+				{"role":"assistant","content":[{"type":"text","text":"see"},{"type":"image","source":{"type":"url","url":"https://x/y.png"}},
+				{"type":"document","source":{"type":"url","url":"https://x/y.pdf"}}]},{"role":"user","content":"ok"}]}`,
+			wantUpstream: map[string]string{"messages[1]": `{"content":"see","role":"assistant"}`},
+			wantDropped:  "image, document",
+		},
+		{
 			// Anthropic takes a base64 document only as a PDF: a text one is a text source (SPEC §7.6 carries document parts).
 			name: "a text document toward messages is a text source, a PDF stays base64", path: "/v1/chat/completions", provider: "anthropic",
 			body: `{"model":"anthropic/claude-test","max_tokens":100,"messages":[{"role":"user","content":[{"type":"text","text":"q"},
