@@ -212,11 +212,8 @@ func (o *oauthClient) tokenCall(ctx context.Context, p providerInfo, g oauthGran
 		return oauthGrant{}, err
 	}
 	// A refresh or id token not sent again is kept (SPEC §11.1).
-	g.AccessToken, g.ExpiresAtMs = ans.AccessToken, 0
+	g.AccessToken, g.ExpiresAtMs = ans.AccessToken, pick(ans.ExpiresIn > 0, o.now().UnixMilli()+ans.ExpiresIn*1000, 0)
 	g.RefreshToken, g.IDToken = cmp.Or(ans.RefreshToken, g.RefreshToken), cmp.Or(ans.IDToken, g.IDToken)
-	if ans.ExpiresIn > 0 {
-		g.ExpiresAtMs = o.now().UnixMilli() + ans.ExpiresIn*1000
-	}
 	return fillGrant(p.id, g), nil
 }
 
@@ -247,10 +244,8 @@ func readTokenAnswer(endpoint string, status int, body []byte, readErr error, se
 	}
 	e, isObject := errorObject(raw.Err) // a string is its msg
 	if ans.Error = e.msg; isObject {
-		ans.Error, ans.Description = cmp.Or(e.typ, e.code, "error"), cmp.Or(ans.Description, e.msg)
-		if definitiveErrors[e.code] {
-			ans.Error = e.code
-		}
+		ans.Error = pick(definitiveErrors[e.code], e.code, cmp.Or(e.typ, e.code, "error"))
+		ans.Description = cmp.Or(ans.Description, e.msg)
 	}
 	// No real token is shorter than 8 bytes; replacing a shorter one would garble the sentence.
 	secrets = slices.DeleteFunc(slices.Clone(secrets), func(s string) bool { return len(s) < 8 })
