@@ -121,8 +121,8 @@ func parseMessages(cr *callerRequest) (chatRequest, error) {
 	if !rawIsNull(b.System) {
 		err = cmp.Or(err, req.addSystemOf(b.System, "system", "text"))
 	}
-	err = cmp.Or(err, readList(b.Messages, "messages", func(m messagesTurn, _ json.RawMessage, what string) error {
-		switch m.Role {
+	err = cmp.Or(err, readList(b.Messages, "messages", func(m messagesTurn, raw json.RawMessage, what string) error {
+		switch req.dropUnknown(raw, "role content"); m.Role {
 		case "system":
 			return req.addSystemOf(m.Content, what+".content", "text")
 		case "user", "assistant":
@@ -143,6 +143,7 @@ func parseMessages(cr *callerRequest) (chatRequest, error) {
 	}))
 	if tc := b.ToolChoice; tc != nil {
 		req.ToolChoice = &toolChoice{Mode: messagesChoices[tc.Type], Name: tc.Name}
+		req.dropUnknown(rawMember(cr.body.src, "tool_choice"), "type name disable_parallel_tool_use")
 		if req.ToolChoice.Mode == "" || req.ToolChoice.Mode == toolChoiceTool && tc.Name == "" {
 			err = cmp.Or(err, error(refuse("invalid_request", `tool_choice.type must be auto, any or none, or tool with a name`)))
 		}
@@ -156,6 +157,7 @@ func parseMessages(cr *callerRequest) (chatRequest, error) {
 	if t := valueOr(b.Thinking, messagesOption{Type: "disabled"}); t.Type == "enabled" {
 		i, _ := slices.BinarySearch(effortBudgets, t.BudgetTokens) // the nearest effort at or above the budget
 		req.Effort, req.EffortName = effortNames[min(max(i, 1), len(effortNames)-1)], "thinking"
+		req.dropUnknown(rawMember(cr.body.src, "thinking"), "type budget_tokens")
 	} else {
 		req.drop(t.Type != "disabled", "thinking") // adaptive: no effort of its own to carry
 	}
@@ -166,14 +168,15 @@ func parseMessages(cr *callerRequest) (chatRequest, error) {
 	req.dropUnknown(oc, "format effort")
 	req.dropUnknown(rawMember(oc, "format"), "type schema") // a name and strict are OpenAI's
 	req.dropUnknown(rawMember(cr.body.src, "output_format"), "type schema")
-	f := valueOr(cmp.Or(b.OutputConfig.Format, b.OutputFormat), outputFormat{}) // its type and schema
+	req.drop(b.OutputConfig.Format != nil && b.OutputFormat != nil, "output_format") // output_config.format is carried
+	f := valueOr(cmp.Or(b.OutputConfig.Format, b.OutputFormat), outputFormat{})      // its type and schema
 	err = cmp.Or(err, req.setOutput(outputFormat{Type: f.Type, Schema: f.Schema}, "output_config.format"))
 	return req.finishParse(err, "messages must hold at least one user or assistant turn")
 }
 
 // messagesParts reads a turn's content (role "result": a tool result's); other blocks and members are dropped and named.
 func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what string) ([]part, error) {
-	parts, err := callerParts(req, raw, what, "content blocks", func(bl messagesBlock, _ json.RawMessage, path string) (p part, _ string, err error) {
+	parts, err := callerParts(req, raw, what, "content blocks", func(bl messagesBlock, raw json.RawMessage, path string) (p part, _ string, err error) {
 		p = part{Type: bl.Type, Filename: bl.Title} // an image or document (partImage, partDocument); others build theirs
 		switch src := valueOr(bl.Source, messagesSource{}); {
 		case bl.Type == "tool_use" && role != "assistant" || bl.Type == "tool_result" && role != "user":
@@ -205,6 +208,7 @@ func (req *chatRequest) messagesParts(role string, raw json.RawMessage, what str
 			return part{}, "", refuse("invalid_request", "%s.source must be base64 with a media_type, text, url or file", path)
 		}
 		req.drop(bl.IsError, "is_error")
+		req.dropUnknown(rawMember(raw, "source"), "type media_type data url")
 		return p, messagesBlockMembers[bl.Type], err
 	})
 	if err == nil && len(parts) == 0 && role != "result" {

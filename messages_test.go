@@ -74,7 +74,22 @@ func TestParseMessages(t *testing.T) {
 			body: `{"model":"m","messages":[{"role":"user","content":"q"}],"output_config":{"x_a":1,"format":{"type":"json_schema","schema":{},"name":"o"}},
 				"output_format":{"type":"json_schema","schema":{},"strict":true}}`,
 			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")},
-				Output: &outputFormat{Type: "json_schema", Schema: json.RawMessage(`{}`)}, Dropped: []string{"x_a", "name", "strict"}},
+				Output: &outputFormat{Type: "json_schema", Schema: json.RawMessage(`{}`)}, Dropped: []string{"x_a", "name", "strict", "output_format"}},
+		},
+		{
+			// output_config.format is carried; output_format beside it is named, never ignored silently.
+			name: "output_format beside output_config.format is named",
+			body: `{"model":"m","messages":[{"role":"user","content":"q"}],"output_config":{"format":{"type":"json_schema","schema":{"a":1}}},
+				"output_format":{"type":"json_schema","schema":{"b":2}}}`,
+			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")},
+				Output: &outputFormat{Type: "json_schema", Schema: json.RawMessage(`{"a":1}`)}, Dropped: []string{"output_format"}},
+		},
+		{
+			name: "unknown members of a turn, a source, thinking and tool_choice are named (SPEC §7.6)",
+			body: `{"model":"m","messages":[{"role":"user","content":[{"type":"image","source":{"type":"url","url":"https://a/b","x_src":1}}],"x_turn":1}],
+				"thinking":{"type":"enabled","budget_tokens":2048,"x_th":1},"tool_choice":{"type":"auto","x_tc":1}}`,
+			want: chatRequest{Model: "m", Messages: []message{{Role: "user", Parts: []part{{Type: partImage, URL: "https://a/b"}}}},
+				ToolChoice: &toolChoice{Mode: toolChoiceAuto}, Effort: "low", EffortName: "thinking", Dropped: []string{"x_turn", "x_src", "x_tc", "x_th"}},
 		},
 		{
 			name: "tool_choice kinds",
