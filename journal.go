@@ -504,11 +504,8 @@ func writeAPIError(w http.ResponseWriter, r *http.Request, err error) *apiError 
 	if ae.Retryable && ae.RetryAfter > 0 { // rounded up: never back early (RFC 9110 §10.2.3)
 		h.Set("Retry-After", strconv.FormatInt(int64((ae.RetryAfter+time.Second-1)/time.Second), 10))
 	}
-	env := envelope{Error: *ae}
-	if r != nil && (r.URL.Path == "/v1/messages" || strings.HasPrefix(r.URL.Path, "/v1/messages/")) {
-		env.Type = "error"
-	}
-	writeJSON(w, ae.Status(), env)
+	messages := r != nil && (r.URL.Path == "/v1/messages" || strings.HasPrefix(r.URL.Path, "/v1/messages/"))
+	writeJSON(w, ae.Status(), envelope{Type: pick(messages, "error", ""), Error: *ae})
 	return ae
 }
 
