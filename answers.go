@@ -238,10 +238,9 @@ func (a *answerStore) serve(ctx context.Context, w http.ResponseWriter, c signed
 		var env envelope
 		if *t.Status/100 != 2 && json.Unmarshal(t.Body, &env) == nil && env.Error.Code != "" { // a kept refusal
 			c.t.outcome, c.t.retryable = env.Error.Code, env.Error.Retryable
-			h.Set("X-Should-Retry", fmt.Sprint(env.Error.Retryable)) // SPEC §8.1
 		}
-		maps.Copy(h, http.Header{"Brama-Answer-Signature": {*t.Signature}, "Brama-Answer-Replayed": {"true"},
-			"Brama-Attempts": {"0"}, "Content-Type": {"application/json"}})
+		maps.Copy(h, http.Header{"Brama-Answer-Signature": {*t.Signature}, "Brama-Answer-Replayed": {"true"}, "Brama-Attempts": {"0"},
+			"Content-Type": {"application/json"}, "X-Should-Retry": {fmt.Sprint(env.Error.Retryable)}}) // as delivered (SPEC §8.1)
 		if t.Route != "" { // README: every answer names its route
 			h.Set("Brama-Route", t.Route)
 		}

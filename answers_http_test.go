@@ -558,7 +558,7 @@ func TestSignedAnswerReleaseFailed(t *testing.T) {
 // the first answer and the replay carry them as null, byte for byte alike,
 // under one signature (SPEC §12 item 7).
 // A kept 2xx answer is replayed as it was delivered, even when its body holds an error member (a failed
-// provider's body): no X-Should-Retry, and the log line's outcome is the first delivery's.
+// provider's body): x-should-retry: false as on any paid answer, and the log line's outcome is the first delivery's.
 func TestSignedAnswerReplaysA2xxAsDelivered(t *testing.T) {
 	d, _, _ := startAnswers(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
 		w.Header().Set("Content-Type", "application/json")
@@ -567,8 +567,8 @@ func TestSignedAnswerReplaysA2xxAsDelivered(t *testing.T) {
 	})
 	var outcomes []any
 	for i, res := range []answerResult{postAnswer(d, "failed-1", answerBody("hi")), postAnswer(d, "failed-1", answerBody("hi"))} {
-		if res.status != 200 || res.hdr.Get("X-Should-Retry") != "" || (i == 1) != (res.hdr.Get("Brama-Answer-Replayed") == "true") {
-			t.Errorf("answer %d: %d X-Should-Retry %q replayed %q, want 200 with none", i, res.status, res.hdr.Get("X-Should-Retry"), res.hdr.Get("Brama-Answer-Replayed"))
+		if res.status != 200 || res.hdr.Get("X-Should-Retry") != "false" || (i == 1) != (res.hdr.Get("Brama-Answer-Replayed") == "true") {
+			t.Errorf("answer %d: %d X-Should-Retry %q replayed %q, want 200, false", i, res.status, res.hdr.Get("X-Should-Retry"), res.hdr.Get("Brama-Answer-Replayed"))
 		}
 		id := res.hdr.Get("X-Request-Id")
 		d.stderr.waitFor(t, `"msg":"request","request_id":"`+id)

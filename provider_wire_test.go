@@ -136,6 +136,9 @@ func TestProviderFactsReachTheCaller(t *testing.T) {
 		if id := h.Get("X-Request-Id"); id == "" || strings.HasPrefix(id, "req_from_") || len(h.Values("X-Request-Id")) != 1 {
 			t.Errorf("X-Request-Id = %q, want Brama's own, once", h.Values("X-Request-Id"))
 		}
+		if got := h.Values("X-Should-Retry"); len(got) != 1 || got[0] != "false" { // the call is paid: no resend
+			t.Errorf("X-Should-Retry = %q, want false", got)
+		}
 		for name, v := range providerFactHeaders {
 			want := ""
 			if same && (name == "retry-after" || strings.Contains(name, "ratelimit")) {

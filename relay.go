@@ -42,7 +42,8 @@ func newAnswerID(prefix, id string) string {
 
 // writeAnswer writes a 200 answer with its attempts (a buffered body, or a stream's head) and what SPEC §17 lets it
 // tell of the provider's: its request id (X-Request-Id is Brama's own) and, same-format, its rate-limit headers; no
-// cookie, nothing naming the account.
+// cookie, nothing naming the account. x-should-retry: false, as the call is paid: the Anthropic SDK (1.17+) sends
+// again a buffered answer whose connection drops mid-body unless told not to.
 func writeAnswer(w http.ResponseWriter, provider http.Header, same bool, ct string, attempts int, body []byte) {
 	if id := cmp.Or(provider.Get("Request-Id"), provider.Get("X-Request-Id")); id != "" {
 		w.Header().Set("Request-Id", id)
@@ -54,6 +55,7 @@ func writeAnswer(w http.ResponseWriter, provider http.Header, same bool, ct stri
 	}
 	w.Header().Set("Content-Type", ct)
 	w.Header().Set("Brama-Attempts", strconv.Itoa(attempts))
+	w.Header().Set("X-Should-Retry", "false")
 	w.WriteHeader(http.StatusOK)
 	w.Write(body)
 }

@@ -7,7 +7,7 @@ CHECKS=(
 	chat-passthrough chat-stream-passthrough
 	responses-passthrough responses-stream-passthrough
 	messages-passthrough messages-stream-passthrough
-	messages-bearer count-tokens
+	messages-bearer messages-cut-answer count-tokens
 	chat-to-messages-schema responses-to-chat-schema messages-to-responses-schema
 	dropped-hosted-tool
 	ai-generate-openai ai-stream-openai ai-generate-anthropic ai-stream-anthropic

@@ -17,6 +17,7 @@ import { generateText, streamText, generateObject, jsonSchema } from "ai";
 import { createOpenAI } from "@ai-sdk/openai";
 import { createAnthropic } from "@ai-sdk/anthropic";
 import { scenarios } from "./scenarios.mjs";
+import net from "node:net";
 
 const [kase, models] = process.argv.slice(2);
 let model = models;
@@ -134,6 +135,31 @@ const cases = {
   async "messages-bearer"() {
     const r = await anthropicBearer().messages.create({ model, max_tokens: 100, messages: [{ role: "user", content: prompt }] });
     return r.content[0].text;
+  },
+  // A buffered answer whose connection drops mid-body, cut by a proxy between the SDK and Brama after the head and 8
+  // bytes: the Anthropic SDK (1.17+) sends the request again unless the answer said x-should-retry: false.
+  async "messages-cut-answer"() {
+    const brama = new URL(base);
+    const proxy = net.createServer((c) => {
+      const up = net.connect(Number(brama.port), brama.hostname);
+      let head = Buffer.alloc(0);
+      c.pipe(up);
+      up.on("data", (d) => {
+        head = Buffer.concat([head, d]);
+        const end = head.indexOf("\r\n\r\n");
+        if (end >= 0) c.end(head.subarray(0, end + 4 + 8), () => (c.destroy(), up.destroy()));
+      });
+      c.on("error", () => up.destroy());
+      up.on("error", () => c.destroy());
+    });
+    await new Promise((ok) => proxy.listen(0, "127.0.0.1", ok));
+    try {
+      const client = new Anthropic({ baseURL: `http://127.0.0.1:${proxy.address().port}`, apiKey: token, fetch: recordingFetch, ...retries });
+      const r = await client.messages.create({ model, max_tokens: 100, messages: [{ role: "user", content: prompt }] });
+      return r.content[0].text;
+    } finally {
+      proxy.close();
+    }
   },
   async "count-tokens"() {
     const r = await anthropic().messages.countTokens({ model, system: "Be brief.", messages: [{ role: "user", content: prompt }] });

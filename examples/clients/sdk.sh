@@ -81,6 +81,18 @@ check_messages_bearer() {
 	[ "$(sdk_field .result)" = "Hello from the fake provider." ] || { echo "answer: $(sdk_field .result)"; return 1; }
 }
 
+# A paid answer is never sent again: cut mid-body between the Anthropic SDK
+# and Brama, it costs one provider call, and the SDK reports the cut.
+check_messages_cut_answer() {
+	local m n
+	m=$(marker cut-answer)
+	script '{}'
+	sdk messages-cut-answer to-messages MARKER="$m" || return 1
+	[ "$(sdk_field .error)" != null ] || { echo "the SDK read a whole answer through the cut: $(sdk_field .result | head -c 200)"; return 1; }
+	n=$(count_marked "$m")
+	[ "$n" = 1 ] || { echo "$n provider calls for one request (the SDK sent it again: $(sdk_field '[.calls[].respHeaders["x-should-retry"]] | join(",")'))"; return 1; }
+}
+
 check_count_tokens() {
 	script '{}'
 	sdk count-tokens to-messages || return 1
