@@ -193,6 +193,8 @@ func TestParseChatCompletionsRefuses(t *testing.T) {
 		{"tool_choice unknown", `{"model":"m","messages":[` + u + `],"tool_choice":"sometimes"}`},
 		{"tool_choice without name", `{"model":"m","messages":[` + u + `],"tool_choice":{"type":"function"}}`},
 		{"tool_choice number", `{"model":"m","messages":[` + u + `],"tool_choice":1}`},
+		{"response_format of another type", `{"model":"m","messages":[` + u + `],"response_format":{"type":"xml","json_schema":{"name":"o","schema":{"type":"object"}}}}`},
+		{"response_format json_schema without a schema", `{"model":"m","messages":[` + u + `],"response_format":{"type":"json_schema","json_schema":{"name":"o"}}}`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

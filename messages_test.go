@@ -120,6 +120,8 @@ func TestParseMessagesRefuses(t *testing.T) {
 	tests := []struct{ name, body string }{
 		{"not JSON", `{"model":"m","messages":[` + u},
 		{"no model", `{"messages":[` + u + `]}`},
+		{"output_config.format of another type", `{"model":"m","messages":[` + u + `],"output_config":{"format":{"type":"xml","schema":{"type":"object"}}}}`},
+		{"output_config.format json_schema without a schema", `{"model":"m","messages":[` + u + `],"output_config":{"format":{"type":"json_schema"}}}`},
 		{"model object", `{"model":{},"messages":[` + u + `]}`},
 		{"no messages", `{"model":"m"}`},
 		{"empty messages", `{"model":"m","messages":[]}`},

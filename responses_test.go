@@ -113,6 +113,8 @@ func TestParseResponsesRefuses(t *testing.T) {
 	tests := []struct{ name, body string }{
 		{"not JSON", `{"model":"m","input":"` + dialectPromptText},
 		{"no model", `{"input":"x"}`},
+		{"text.format of another type", `{"model":"m","input":"x","text":{"format":{"type":"xml","name":"o","schema":{"type":"object"}}}}`},
+		{"text.format json_schema with a schema not an object", `{"model":"m","input":"x","text":{"format":{"type":"json_schema","name":"o","schema":[]}}}`},
 		{"model array", `{"model":["m"],"input":"x"}`},
 		{"no input", `{"model":"m"}`},
 		{"empty input string", `{"model":"m","input":""}`},
