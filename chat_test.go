@@ -133,6 +133,11 @@ func TestParseChatCompletions(t *testing.T) {
 			body: `{"model":"m","messages":[{"role":"user","content":"q"}],"tools":[{"type":"web_search"},{"function":{"name":"f"}}]}`,
 			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")}, Dropped: []string{"web_search", "tools"}},
 		},
+		{
+			name: "a tool_choice object of another type (allowed_tools, a hosted tool) is dropped and named",
+			body: `{"model":"m","messages":[{"role":"user","content":"q"}],"tool_choice":{"type":"allowed_tools","allowed_tools":{"mode":"auto","tools":[]}}}`,
+			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")}, Dropped: []string{"tool_choice"}},
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

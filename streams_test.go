@@ -184,6 +184,7 @@ func TestReadUpstreamStreamFailures(t *testing.T) {
 		{"chat malformed", protoOpenAIChat, strings.NewReader("data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\ndata: {not json\n\n"), "provider_failure", "malformed"},
 		{"chat tool call without name", protoOpenAIChat, strings.NewReader("data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"{}\"}}]}}]}\n\n"), "provider_failure", "malformed"},
 		{"chat wrong shape", protoOpenAIChat, strings.NewReader("data: {\"choices\":\"nope\"}\n\n"), "provider_failure", "malformed"},
+		{"chat usage not an object", protoOpenAIChat, strings.NewReader("data: {\"choices\":[],\"usage\":\"lots\"}\n\n"), "provider_failure", "malformed"},
 		{"anthropic cut before message_stop", protoAnthropic, strings.NewReader(cutAt(t, anth, "event: message_stop")), "provider_incomplete", "terminal"},
 		{"anthropic in-band error", protoAnthropic, strings.NewReader(cutAt(t, anth, "event: content_block_start") + "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n"), "provider_incomplete", `"overloaded_error"`},
 		{"anthropic error event, its data typed", protoAnthropic, strings.NewReader("event: error\ndata: {\"type\":\"overloaded_error\",\"error\":{\"type\":\"overloaded_error\"}}\n\n"), "provider_incomplete", `"overloaded_error"`},
