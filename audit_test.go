@@ -122,6 +122,7 @@ func TestRefusalsThatMakeNoCall(t *testing.T) {
 		{"tool arguments that are not an object", "/v1/chat/completions", d.token,
 			`{"model":"anthropic/claude-x","max_tokens":10,"messages":[{"role":"user","content":"hi"},{"role":"assistant","tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"[1]"}}]},{"role":"tool","tool_call_id":"c1","content":"ok"}]}`, 400},
 		{"embeddings on a subscription route", "/v1/embeddings", tok, `{"model":"kimi/emb","input":"x"}`, 400},
+		{"embeddings toward a provider that is not openai-chat", "/v1/embeddings", d.token, `{"model":"anthropic/emb","input":"x"}`, 400},
 		{"selector whose candidates need max_tokens", "/v1/chat/completions", tok,
 			`{"model":"any","messages":[{"role":"user","content":"hi"}]}`, 400},
 	}

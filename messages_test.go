@@ -126,6 +126,7 @@ func TestParseMessagesRefuses(t *testing.T) {
 		{"no messages", `{"model":"m"}`},
 		{"empty messages", `{"model":"m","messages":[]}`},
 		{"system role in messages", `{"model":"m","messages":[{"role":"system","content":"` + dialectPromptText + `"}]}`},
+		{"bad role", `{"model":"m","messages":[{"role":"tool","content":"` + dialectPromptText + `"},` + u + `]}`},
 		{"system number", `{"model":"m","system":3,"messages":[` + u + `]}`},
 		{"system image block", `{"model":"m","system":[{"type":"image"}],"messages":[` + u + `]}`},
 		{"content null", `{"model":"m","messages":[{"role":"user","content":null}]}`},

@@ -298,6 +298,12 @@ func TestTranslationAcrossFormats(t *testing.T) {
 			wantUpstream: map[string]string{"input[0].content[1].type": `"input_file"`, "input[0].content[1].file_data": `"data:text/plain;base64,aGVsbG8="`},
 		},
 		{
+			name: "a document by URL from messages is an input_file's file_url", path: "/v1/messages", provider: "openai-responses",
+			body: `{"model":"openai-responses/gpt-test","max_tokens":100,"messages":[{"role":"user","content":[{"type":"text","text":"q"},
+				{"type":"document","source":{"type":"url","url":"https://example.com/a.pdf"},"title":"a.pdf"}]}]}`,
+			wantUpstream: map[string]string{"input[0].content[1]": `{"file_url":"https://example.com/a.pdf","filename":"a.pdf","type":"input_file"}`},
+		},
+		{
 			name: "a server tool toward chat is named, not made a function", path: "/v1/messages", provider: "openai",
 			body: `{"model":"openai/gpt-test","max_tokens":100,"messages":[{"role":"user","content":"q"}],
 				"tools":[{"type":"web_search_20250305","name":"web_search","max_uses":3},{"name":"f","input_schema":{"type":"object"}}]}`,
