@@ -172,3 +172,17 @@ func TestEveryProviderHasAWireFormat(t *testing.T) {
 		}
 	}
 }
+
+// TestUnusableBaseURLRefusedBeforeAnyCall: a provider whose base URL breaks SPEC §6.1's rule is refused 503
+// dependency_unavailable naming the variable, with attempts 0: nothing is sent.
+func TestUnusableBaseURLRefusedBeforeAnyCall(t *testing.T) {
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = "ftp://127.0.0.1:9/v1"
+	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
+	status, _, b := d.call("POST", "/v1/chat/completions", d.token, `{"model":"openai/gpt-test","messages":[{"role":"user","content":"hi"}]}`)
+	e := envelopeOf(t, b)
+	if status != 503 || e["code"] != "dependency_unavailable" || e["attempts"] != float64(0) ||
+		!strings.Contains(string(b), "BRAMA_PROVIDER_OPENAI_BASE_URL") {
+		t.Errorf("%d %s, want 503 dependency_unavailable naming the variable, attempts 0", status, b)
+	}
+}
