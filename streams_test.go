@@ -198,6 +198,7 @@ func TestReadUpstreamStreamFailures(t *testing.T) {
 		{"responses failed", protoOpenAIResponses, strings.NewReader("event: response.failed\ndata: {\"type\":\"response.failed\",\"sequence_number\":5,\"response\":{\"id\":\"resp_1\",\"status\":\"failed\",\"error\":{\"code\":\"insufficient_quota\",\"message\":\"You exceeded your current quota\"},\"output\":[]}}\n\n"), "provider_incomplete", `"insufficient_quota"`},
 		{"responses malformed", protoOpenAIResponses, strings.NewReader("event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":7}\n\n"), "provider_failure", "malformed"},
 		{"responses event without type", protoOpenAIResponses, strings.NewReader("data: {}\n\n"), "provider_failure", "malformed"},
+		{"responses call item without a name", protoOpenAIResponses, strings.NewReader("data: {\"type\":\"response.output_item.added\",\"output_index\":0,\"item\":{\"type\":\"function_call\",\"call_id\":\"c1\",\"arguments\":\"\"}}\n\n"), "provider_failure", "malformed"},
 		{"responses args outside function call", protoOpenAIResponses, strings.NewReader("data: {\"type\":\"response.function_call_arguments.delta\",\"output_index\":4,\"delta\":\"{}\"}\n\n"), "provider_failure", "malformed"},
 		{"empty body", protoOpenAIResponses, strings.NewReader(""), "provider_incomplete", "terminal"},
 	}
