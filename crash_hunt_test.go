@@ -121,8 +121,8 @@ func TestAliasWithAnUnreadableVault(t *testing.T) {
 	}
 	for _, model := range []string{"openai/gpt-4o", "fast"} {
 		status, _, b := d.call("POST", "/v1/chat/completions", d.token, `{"model":"`+model+`","messages":[{"role":"user","content":"hi"}]}`)
-		if e := envelopeOf(t, b); status != 503 || e["code"] != "credential_unauthorized" {
-			t.Errorf("model %q, vault of schema 2: %d %s, want 503 credential_unauthorized", model, status, b)
+		if e := envelopeOf(t, b); status != 503 || e["code"] != "credential_unauthorized" || e["message"] != "the vault is unreadable" {
+			t.Errorf("model %q, vault of schema 2: %d %s, want 503 credential_unauthorized naming the vault", model, status, b)
 		}
 		if strings.Contains(string(b), key) {
 			t.Errorf("the refusal quotes the vault's key: %s", b)
