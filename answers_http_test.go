@@ -631,3 +631,36 @@ func TestSignedAnswerDropsEchoedPrompt(t *testing.T) {
 	}
 	assertNoSecret(t, secret, logsBesidesFirstStart(d.stderr.String()), filepath.Join(env["BRAMA_STATE_DIR"], "answers"))
 }
+
+// TestSignedAnswerTamperedIsNotReplayed (SPEC §12): a kept answer whose body no longer matches its signature is never
+// replayed: the key is refused 500 internal_error, the changed body is not served, and no call is made.
+func TestSignedAnswerTamperedIsNotReplayed(t *testing.T) {
+	d, fake, env := startAnswers(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, protocolFixtures[0].buffered)
+	})
+	body := answerBody("hi")
+	if first := postAnswer(d, "k-tamper", body); first.status != 200 {
+		t.Fatalf("first: %d %s %v", first.status, first.body, first.err)
+	}
+	path := answerFile(env, "local", "k-tamper")
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := decodeAnswerRecord(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.Body[len(rec.Body)/2] ^= 1
+	tampered, _ := marshalState(rec)
+	if err := os.WriteFile(path, tampered, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	calls := fake.calls.Load()
+	again := postAnswer(d, "k-tamper", body)
+	if e := envelopeOf(t, again.body); again.status != 500 || e["code"] != "internal_error" || bytes.Equal(again.body, rec.Body) ||
+		fake.calls.Load() != calls {
+		t.Errorf("the tampered key: %d %s, %d calls; want 500 internal_error and no call", again.status, again.body, fake.calls.Load()-calls)
+	}
+}
