@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -662,5 +663,43 @@ func TestSignedAnswerTamperedIsNotReplayed(t *testing.T) {
 	if e := envelopeOf(t, again.body); again.status != 500 || e["code"] != "internal_error" || bytes.Equal(again.body, rec.Body) ||
 		fake.calls.Load() != calls {
 		t.Errorf("the tampered key: %d %s, %d calls; want 500 internal_error and no call", again.status, again.body, fake.calls.Load()-calls)
+	}
+}
+
+// TestSignedAnswerKeptAfterAPanicPastACall (SPEC §12 item 3): a request that panics after a provider call started keeps
+// its key as 500 internal_error, so the key sent again is answered that refusal with no call; it never spends twice.
+func TestSignedAnswerKeptAfterAPanicPastACall(t *testing.T) {
+	env := stateEnv(t)
+	fake := newKeyedFake(t, map[string]string{"k1": "429", "k2": "200"})
+	env["BRAMA_PROVIDER_KIMI_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, "")
+	tok, _ := agentWithSubs(t, d, "a1", "kimi", "k1", "k2")
+	var calls atomic.Int32
+	testingOnlyBeforeCall = func(context.Context) {
+		if calls.Add(1) == 2 { // k1's 429 is read: the rotation to k2 panics before its call
+			panic("planted panic")
+		}
+	}
+	defer func() { testingOnlyBeforeCall = nil }()
+	post := func() (int, []byte, error) {
+		req, _ := http.NewRequest("POST", d.url+"/v1/chat/completions", strings.NewReader(chatBody(dialectChat, "kimi/k2-test", false, "")))
+		req.Header.Set("Authorization", "Bearer "+tok)
+		req.Header.Set("Idempotency-Key", "k-panic")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, nil, err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		return resp.StatusCode, b, err
+	}
+	// The panic aborts the connection; Go's transport sends a POST with an Idempotency-Key again by itself, so each
+	// post already reads the kept refusal.
+	for i := range 2 {
+		status, b, err := post()
+		if e := envelopeOf(t, b); err != nil || status != 500 || e["code"] != "internal_error" || fake.count("k1") != 1 || fake.count("k2") != 0 {
+			t.Errorf("post %d: %d %s %v, calls k1 %d k2 %d; want the kept 500 internal_error and no call after k1's",
+				i, status, b, err, fake.count("k1"), fake.count("k2"))
+		}
 	}
 }
