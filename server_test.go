@@ -289,3 +289,17 @@ func TestEmptyAllowlistSurvivesRewrites(t *testing.T) {
 		t.Errorf("clients list does not show app allowed no model:\n%s", out)
 	}
 }
+
+// TestClientsFileSpoiledWhileServing: a clients file that becomes unusable while serving (a hand edit) refuses every
+// bearer 401, saying that no token can be checked and where to look, never which client a token was.
+func TestClientsFileSpoiledWhileServing(t *testing.T) {
+	env := stateEnv(t)
+	d := startDaemon(t, env, "")
+	if err := os.WriteFile(filepath.Join(env["BRAMA_STATE_DIR"], "clients.json"), []byte(`{"clients":[`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	status, _, b := d.call("GET", "/v1/aliases", d.token, "")
+	if e := envelopeOf(t, b); status != 401 || e["code"] != "unauthenticated" || !strings.Contains(string(b), "clients file is unusable") {
+		t.Errorf("%d %s, want 401 unauthenticated saying the clients file is unusable", status, b)
+	}
+}
