@@ -143,10 +143,7 @@ func (o *oauthClient) refreshOnce(ctx context.Context, id, provider, refused str
 	p, _ := lookupProvider(provider)
 	fields := map[string]string{"grant_type": "refresh_token", "refresh_token": old.RefreshToken, "client_id": p.clientID}
 	g, err = o.tokenCall(ctx, p, old, fields, old.RefreshToken, old.AccessToken)
-	if re, ok := errors.AsType[*endpointError](err); err != nil && !(ok && re.Definitive) {
-		return oauthGrant{}, err
-	}
-	werr := o.vault.update(func(d *vaultDoc) error { // a definitive refusal writes nothing
+	werr := o.vault.update(func(d *vaultDoc) error { // a failure writes nothing
 		if c := d.Subscriptions[id].OAuth; c == nil || c.RefreshToken != old.RefreshToken {
 			return errRefreshSuperseded // a sign-in meanwhile makes the grant, or the refusal, moot
 		} else if err == nil {
