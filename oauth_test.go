@@ -252,7 +252,7 @@ func TestRefreshFailures(t *testing.T) {
 		h          http.HandlerFunc // else this handler; nil with status 0: nothing listens
 		received   int              // with h
 		definitive bool
-		sentence   string
+		sentence   string // the error names it; definitive: the ledger's cause
 		wantStatus string
 		cause      error // errors.Is target, nil: any
 	}{
@@ -271,9 +271,10 @@ func TestRefreshFailures(t *testing.T) {
 		{name: "partial 401 (hijacked after half a body)", h: hijackPartial(401, `{"error":"invalid_gr`),
 			wantStatus: "HTTP 401", received: 20, cause: io.ErrUnexpectedEOF},
 		{name: "partial 403", h: hijackPartial(403, ``), wantStatus: "HTTP 403", received: 0, cause: io.ErrUnexpectedEOF},
-		{name: "500", status: 500, body: `{"error":"server_error"}`, wantStatus: "HTTP 500", cause: errTokenRefused},
+		{name: "500", status: 500, body: `{"error":"server_error"}`, sentence: "server_error", wantStatus: "HTTP 500", cause: errTokenRefused},
+		{name: "an error that is no code", status: 429, body: `{"error":"Slow down, please"}`, wantStatus: "HTTP 429", cause: errTokenRefused},
 		{name: "502 HTML", status: 502, body: `<html>bad gateway</html>`, wantStatus: "HTTP 502", cause: errTokenMalformed},
-		{name: "429", status: 429, body: `{"error":"rate_limited"}`, wantStatus: "HTTP 429"},
+		{name: "429", status: 429, body: `{"error":"rate_limited"}`, sentence: "rate_limited", wantStatus: "HTTP 429"},
 		{name: "OpenAI's reused refresh token", status: 400, body: `{"error":{"message":"Your refresh token has already been used.","type":"invalid_request_error","param":null,"code":"refresh_token_reused"}}`,
 			definitive: true, sentence: "Your refresh token has already been used.", wantStatus: "HTTP 400", cause: errTokenRefused},
 		{name: "OpenAI's expired refresh token, code only", status: 401, body: `{"error":{"code":"refresh_token_expired"}}`,
@@ -315,7 +316,7 @@ func TestRefreshFailures(t *testing.T) {
 			if re.Definitive != tc.definitive {
 				t.Errorf("Definitive = %v, want %v (%v)", re.Definitive, tc.definitive, err)
 			}
-			for _, want := range []string{endpoint, tc.wantStatus, fmt.Sprintf("%d bytes received", received)} {
+			for _, want := range []string{endpoint, tc.wantStatus, fmt.Sprintf("%d bytes received", received), tc.sentence} {
 				if !strings.Contains(err.Error(), want) {
 					t.Errorf("error %q does not name %q", err, want)
 				}
