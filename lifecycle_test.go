@@ -44,13 +44,18 @@ func TestMaintainCutByShutdownIsNotOK(t *testing.T) {
 		answered <- answer{status, string(b)}
 	}()
 	<-arrived
-	go d.stop() // the first signal: the running request drains, the pass is cut
+	stopped := make(chan struct{})
+	go func() { d.stop(); close(stopped) }() // the first signal: the running request drains, the pass is cut
 	got := <-answered
 	if got.status == http.StatusOK {
 		t.Fatalf("a pass cut by shutdown answered %d %s, want a refusal", got.status, got.body)
 	}
 	if e := envelopeOf(t, []byte(got.body)); e["code"] != "dependency_unavailable" {
 		t.Errorf("envelope %v, want dependency_unavailable", e)
+	}
+	<-stopped // every goroutine has ended: the cut read recorded nothing
+	if strings.Contains(d.stderr.String(), "usage_read_failed") {
+		t.Errorf("the read cut by shutdown was recorded as failed:\n%s", d.stderr)
 	}
 }
 
