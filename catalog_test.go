@@ -589,9 +589,13 @@ func TestCatalogCacheGuarded(t *testing.T) {
 	if err := os.WriteFile(name, []byte(body), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	c := newCatalog(state{dir: dir}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_URL": "off"}), http.DefaultClient, quietLog(), time.Now)
-	if data, why := c.current(); data != nil || !strings.Contains(why, "chmod 600") {
-		t.Errorf("group-readable cache: current = %v, %q; want refused naming the rule", data, why)
+	var logs catalogLogs
+	c := newCatalog(state{dir: dir}, catalogEnv(map[string]string{"BRAMA_MODEL_CATALOG_URL": "off"}), http.DefaultClient, logs.logger(), time.Now)
+	if data, why := c.current(); data != nil || !strings.Contains(why, "the cached copy is unreadable") || !strings.Contains(why, "chmod 600") {
+		t.Errorf("group-readable cache: current = %v, %q; want refused naming the copy and the rule", data, why)
+	}
+	if n := len(logs.lines(t, "model_metadata_cache_unreadable")); n != 1 {
+		t.Errorf("%d model_metadata_cache_unreadable lines, want 1", n)
 	}
 }
 
