@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -331,6 +332,9 @@ func TestClassifyTransportKinds(t *testing.T) {
 		{"dns timeout", &net.DNSError{Err: "i/o timeout", Name: "api.example", IsTimeout: true}, "dependency_timeout"},
 		{"read timeout after send", &net.OpError{Op: "read", Net: "tcp", Err: timeoutError{}}, "provider_incomplete"},
 		{"eof", io.ErrUnexpectedEOF, "provider_incomplete"},
+		{"a certificate of an unknown authority (a real handshake)", untrustedTLSCall(t), "dependency_unavailable"},
+		{"plain HTTP where TLS was expected", tls.RecordHeaderError{Msg: "first record does not look like a TLS handshake"}, "dependency_unavailable"},
+		{"a TLS alert", tls.AlertError(40), "dependency_unavailable"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -339,6 +343,18 @@ func TestClassifyTransportKinds(t *testing.T) {
 			}
 		})
 	}
+}
+
+// untrustedTLSCall is the error of a call to a TLS server whose certificate the client does not trust: nothing was sent.
+func untrustedTLSCall(t *testing.T) error {
+	srv := httptest.NewTLSServer(http.NotFoundHandler())
+	defer srv.Close()
+	resp, err := http.Post(srv.URL, "application/json", strings.NewReader("{}"))
+	if err == nil {
+		resp.Body.Close()
+		t.Fatal("an untrusted certificate was accepted")
+	}
+	return err
 }
 
 type timeoutError struct{}
