@@ -273,3 +273,21 @@ func TestCLIGatewayAnswers(t *testing.T) {
 		}
 	}
 }
+
+// TestClientsAddRefusesATakenID: a second `brama clients add` of an id is refused by the clients file's validation, which
+// every write passes before it is written, and the file keeps the first client alone.
+func TestClientsAddRefusesATakenID(t *testing.T) {
+	env := stateEnv(t)
+	if _, errOut, code := runCLI(t, env, "", "clients", "add", "app"); code != 0 {
+		t.Fatalf("first add: exit %d, %s", code, errOut)
+	}
+	name := filepath.Join(env["BRAMA_STATE_DIR"], "clients.json")
+	before, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := runCLI(t, env, "", "clients", "add", "app")
+	if after, _ := os.ReadFile(name); code != 1 || out != "" || !strings.Contains(errOut, "duplicate client id") || string(before) != string(after) {
+		t.Errorf("second add: exit %d, stdout %q, stderr %q; want exit 1 naming the duplicate, no token, the file unchanged", code, out, errOut)
+	}
+}
