@@ -384,7 +384,7 @@ func TestJournalRefusesUnguardedFile(t *testing.T) {
 			if err := os.Symlink(target, j.name); err != nil {
 				t.Fatal(err)
 			}
-		}, "symlink"},
+		}, "is a symlink"}, // not "symlink": the test's directory is named so
 		{"directory", func(t *testing.T, j *journal) {
 			if err := os.MkdirAll(j.name, 0o700); err != nil {
 				t.Fatal(err)
