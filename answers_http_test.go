@@ -46,6 +46,20 @@ func answerFile(env map[string]string, client, key string) string {
 	return filepath.Join(env["BRAMA_STATE_DIR"], "answers", client, hexSHA256([]byte(key))+".json")
 }
 
+// readKept is the answer record kept at path.
+func readKept(t *testing.T, path string) *answerRecord {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := decodeAnswerRecord(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec
+}
+
 // answerResult is one request's outcome, for goroutines that must not Fatal.
 type answerResult struct {
 	status int
@@ -132,14 +146,7 @@ func TestSignedAnswerOneSpend(t *testing.T) {
 	}
 	assertNoSecret(t, answerPromptMarker, logsBesidesFirstStart(d.stderr.String()), stateDir)
 	kept := answerFile(env, "local", key)
-	raw, err := os.ReadFile(kept)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec, err := decodeAnswerRecord(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rec := readKept(t, kept)
 	if rec.State != answerComplete || *rec.Status != 200 || *rec.Attempts != 1 || rec.Route != "openai/gpt-test" || *rec.Signature != sig ||
 		rec.RequestSHA256 != hexSHA256([]byte(body)) || rec.KeySHA256 != hexSHA256([]byte(key)) || !bytes.Equal(rec.Body, first.body) {
 		t.Errorf("kept record: %+v", rec)
@@ -645,14 +652,7 @@ func TestSignedAnswerTamperedIsNotReplayed(t *testing.T) {
 		t.Fatalf("first: %d %s %v", first.status, first.body, first.err)
 	}
 	path := answerFile(env, "local", "k-tamper")
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec, err := decodeAnswerRecord(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rec := readKept(t, path)
 	rec.Body[len(rec.Body)/2] ^= 1
 	tampered, _ := marshalState(rec)
 	if err := os.WriteFile(path, tampered, 0o600); err != nil {
