@@ -89,3 +89,26 @@ func TestRefusedOpensCloseTheirFiles(t *testing.T) {
 		t.Errorf("%d more files open after 400 refused opens", grown)
 	}
 }
+
+// TestStateFileRefusesWhatIsNotARegularFile: a state file that is a FIFO or a directory is refused as one, never read
+// as a document: a FIFO with no writer reads as empty, which would serve as an empty registry (SPEC §2.3).
+func TestStateFileRefusesWhatIsNotARegularFile(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		make func(string) error
+	}{
+		{"fifo", func(p string) error { return syscall.Mkfifo(p, 0o600) }},
+		{"directory", func(p string) error { return os.Mkdir(p, 0o700) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "routes.json")
+			if err := tc.make(path); err != nil {
+				t.Skip(err)
+			}
+			doc, err := newRegistry(path, nil, newJournal(state{}, testSys(t, nil))).current()
+			if want := registryRole + " " + path + " is not a regular file"; err == nil || err.Error() != want {
+				t.Errorf("current() = %v, %v; want the error %q", doc, err, want)
+			}
+		})
+	}
+}
