@@ -274,20 +274,24 @@ func TestCLIGatewayAnswers(t *testing.T) {
 	}
 }
 
-// TestClientsAddRefusesATakenID: a second `brama clients add` of an id is refused by the clients file's validation, which
-// every write passes before it is written, and the file keeps the first client alone.
+// TestClientsAddRefusesATakenID: `brama clients add` prints the token alone on stdout and says on stderr that it is
+// shown once; a second add of that id is refused by the clients file's validation, which every write passes before it
+// is written, says nothing of a token, and the file keeps the first client alone.
 func TestClientsAddRefusesATakenID(t *testing.T) {
 	env := stateEnv(t)
-	if _, errOut, code := runCLI(t, env, "", "clients", "add", "app"); code != 0 {
-		t.Fatalf("first add: exit %d, %s", code, errOut)
+	out, errOut, code := runCLI(t, env, "", "clients", "add", "app")
+	if !strings.HasPrefix(out, "brama_") || strings.Count(out, "\n") != 1 ||
+		!strings.Contains(errOut, `brama: created caller client "app"; bearer token (shown once) on stdout`) {
+		t.Fatalf("first add: exit %d, stdout %q, stderr %q; want the token alone on stdout, stderr saying it is shown once", code, out, errOut)
 	}
 	name := filepath.Join(env["BRAMA_STATE_DIR"], "clients.json")
 	before, err := os.ReadFile(name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, errOut, code := runCLI(t, env, "", "clients", "add", "app")
-	if after, _ := os.ReadFile(name); code != 1 || out != "" || !strings.Contains(errOut, "duplicate client id") || string(before) != string(after) {
+	out, errOut, code = runCLI(t, env, "", "clients", "add", "app")
+	if after, _ := os.ReadFile(name); code != 1 || out != "" || !strings.Contains(errOut, "duplicate client id") ||
+		strings.Contains(errOut, "shown once") || string(before) != string(after) {
 		t.Errorf("second add: exit %d, stdout %q, stderr %q; want exit 1 naming the duplicate, no token, the file unchanged", code, out, errOut)
 	}
 }
