@@ -126,6 +126,33 @@ func TestHangUpWhileTheAnswerIsRead(t *testing.T) {
 	}
 }
 
+// A caller that hangs up while Brama writes a whole answer the provider gave did not get it: the log line says
+// client_cancelled after the one call, not ok (SPEC §7.4), though the provider's side ended well.
+func TestHangUpWhileTheAnswerIsWritten(t *testing.T) {
+	answer := strings.Replace(opChatAnswer, `"pong"`, `"`+strings.Repeat("x", 32<<20)+`"`, 1) // more than socket buffers hold
+	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, answer)
+	})
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, `{"openai":"k1"}`, "-local-credentials-stdin")
+	testingOnlyBeforeLog = func(r *http.Request) { <-r.Context().Done() } // the hang-up lands before the log line
+	defer func() { testingOnlyBeforeLog = nil }()
+	req, _ := http.NewRequest("POST", d.url+"/v1/chat/completions", strings.NewReader(chatBody(dialectChat, "openai/gpt-test", false, "")))
+	req.Header.Set("Authorization", "Bearer "+d.token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close() // the body unread: the connection is closed while Brama writes it
+	d.stop()          // every request has written its log line
+	lines := requestLines(d.stderr.String(), "/v1/chat/completions")
+	if resp.StatusCode != 200 || len(lines) != 1 || lines[0]["outcome"] != "client_cancelled" || lines[0]["attempts"] != float64(1) {
+		t.Errorf("status %d, log line %v; want 200 begun, then outcome client_cancelled after 1 call", resp.StatusCode, lines)
+	}
+}
+
 // An embeddings answer is the provider's JSON as is; a 2xx body that is no
 // JSON object is provider_failure, one cut mid-way provider_incomplete,
 // each after its one call (SPEC §8.2, §15).
