@@ -137,7 +137,8 @@ func TestHangUpWhileTheAnswerIsWritten(t *testing.T) {
 	env := stateEnv(t)
 	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
 	d := startDaemon(t, env, `{"openai":"k1"}`, "-local-credentials-stdin")
-	testingOnlyBeforeLog = func(r *http.Request) { <-r.Context().Done() } // the hang-up lands before the log line
+	var waited atomic.Bool
+	testingOnlyBeforeLog = func(r *http.Request) { <-r.Context().Done(); waited.Store(true) } // the hang-up lands before the log line
 	defer func() { testingOnlyBeforeLog = nil }()
 	req, _ := http.NewRequest("POST", d.url+"/v1/chat/completions", strings.NewReader(chatBody(dialectChat, "openai/gpt-test", false, "")))
 	req.Header.Set("Authorization", "Bearer "+d.token)
@@ -147,6 +148,9 @@ func TestHangUpWhileTheAnswerIsWritten(t *testing.T) {
 	}
 	resp.Body.Close() // the body unread: the connection is closed while Brama writes it
 	d.stop()          // every request has written its log line
+	if !waited.Load() {
+		t.Error("the log line did not wait for the hang-up")
+	}
 	lines := requestLines(d.stderr.String(), "/v1/chat/completions")
 	if resp.StatusCode != 200 || len(lines) != 1 || lines[0]["outcome"] != "client_cancelled" || lines[0]["attempts"] != float64(1) {
 		t.Errorf("status %d, log line %v; want 200 begun, then outcome client_cancelled after 1 call", resp.StatusCode, lines)

@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 )
 
@@ -244,7 +245,8 @@ func TestHangUpAfterTheTerminalEventIsOK(t *testing.T) {
 		t.Run(fx.provider, func(t *testing.T) {
 			env := stateEnv(t)
 			d := startDaemon(t, env, providerEnv(env, map[string]*fakeProvider{fx.provider: fixtureProvider(t, fx)}), "-local-credentials-stdin")
-			testingOnlyBeforeLog = func(r *http.Request) { <-r.Context().Done() } // the hang-up lands before the log line
+			var waited atomic.Bool
+			testingOnlyBeforeLog = func(r *http.Request) { <-r.Context().Done(); waited.Store(true) } // the hang-up lands before the log line
 			defer func() { testingOnlyBeforeLog = nil }()
 			resp := d.openStream("/v1/responses", d.token, chatBody(dialectResponses, fx.model, true, ""))
 			sc := bufio.NewScanner(resp.Body)
@@ -252,6 +254,9 @@ func TestHangUpAfterTheTerminalEventIsOK(t *testing.T) {
 			}
 			resp.Body.Close() // the hang-up, the stream's 0-chunk never read
 			d.stop()          // every request has written its log line
+			if !waited.Load() {
+				t.Error("the log line did not wait for the hang-up")
+			}
 			lines := requestLines(d.stderr.String(), "/v1/responses")
 			if len(lines) != 1 || lines[0]["outcome"] != "ok" || lines[0]["attempts"] != float64(1) {
 				t.Errorf("log line %v, want outcome ok after 1 call", lines)
