@@ -401,10 +401,10 @@ var codes = map[string]struct {
 	"dependency_timeout":                    {504, "dependency_error", true},
 }
 
-// Bounds on quoted text (SPEC §8.1): an envelope message, and the provider sentence kept for ledger causes and logs.
+// Bounds on quoted text: an envelope message's bytes (SPEC §8.1), a provider sentence's characters (ledger, logs: §10.3).
 const (
 	maxMessageBytes  = 2048
-	maxSentenceBytes = 200
+	maxSentenceChars = 200
 )
 
 // apiError is the only error a client sees, and its envelope's "error" member: refuse fills type and retryable from
@@ -533,8 +533,8 @@ func redact(s string, presented ...string) string {
 	return secretShaped.ReplaceAllString(s, "[redacted]")
 }
 
-// cleanQuoted makes provider text safe to quote: valid UTF-8, one line, redacted, then cut (no half secret survives).
+// cleanQuoted makes provider text safe to quote: valid UTF-8, one line, redacted, then cut to max characters.
 func cleanQuoted(s, presented string, max int) string {
-	s = strings.Join(strings.Fields(strings.ToValidUTF8(s, "\uFFFD")), " ")
-	return truncateUTF8(redact(s, presented), max)
+	r := []rune(redact(strings.Join(strings.Fields(strings.ToValidUTF8(s, "\uFFFD")), " "), presented))
+	return string(r[:min(max, len(r))])
 }

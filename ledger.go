@@ -207,7 +207,7 @@ func (l *ledger) entry(id string) ledgerEntry {
 }
 
 // ledgerSentence is how a cause, reason or detail is kept (SPEC §10.3).
-func ledgerSentence(s string) string { return truncateUTF8(redact(s), maxSentenceBytes) }
+func ledgerSentence(s string) string { return cleanQuoted(s, "", maxSentenceChars) }
 
 // recordWindows replaces the windows with the same ids and appends new ones. A usage report is a whole reading: a window it
 // no longer names is gone (kept, it would make the subscription due forever).

@@ -463,14 +463,15 @@ func TestLedgerBlock(t *testing.T) {
 
 func TestLedgerSentences(t *testing.T) {
 	const secret = "sk-ant-api03-PLANTEDsecret0123456789"
-	long := strings.Repeat("é", 150) // 300 bytes
+	long := strings.Repeat("é", 300) // 600 bytes
 	cases := []struct {
 		name  string
 		cause string
 		want  string
 	}{
 		{name: "sk-shaped secret redacted", cause: "provider said: bad key " + secret + " (401)", want: "provider said: bad key [redacted] (401)"},
-		{name: "trimmed to 200 bytes on a rune boundary", cause: long, want: strings.Repeat("é", 100)},
+		{name: "trimmed to 200 characters, not bytes (SPEC §10.3)", cause: long, want: strings.Repeat("é", 200)},
+		{name: "one line", cause: "token endpoint said:\n  invalid_grant\t(400)", want: "token endpoint said: invalid_grant (400)"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

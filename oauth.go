@@ -246,7 +246,7 @@ func readTokenAnswer(endpoint string, status int, body []byte, readErr error, se
 	}
 	// No real token is shorter than 8 bytes; replacing a shorter one would garble the sentence.
 	secrets = slices.DeleteFunc(slices.Clone(secrets), func(s string) bool { return len(s) < 8 })
-	quote := func(s string) string { return cleanQuoted(redact(s, secrets...), "", maxSentenceBytes) }
+	quote := func(s string) string { return cleanQuoted(redact(s, secrets...), "", maxSentenceChars) }
 	switch {
 	case readErr != nil:
 		return tokenAnswer{}, re

@@ -276,7 +276,7 @@ type providerRefusal struct {
 	err        *apiError     // the code the caller gets on a direct/alias route (no attempts set here)
 	class      string        // one of the refusal classes
 	retryAfter time.Duration // from retry-after or reset headers; 0 when none stated (a block's, for rate and quota)
-	sentence   string        // the provider's own error message, redacted, ≤ maxSentenceBytes
+	sentence   string        // the provider's own error message, redacted, ≤ maxSentenceChars
 }
 
 // quotaCodes say the account's credit is spent: OpenAI's (insufficient_quota comes with 429), Anthropic's.
@@ -291,7 +291,7 @@ func classifyRefusal(p providerInfo, status int, header http.Header, body []byte
 		f.msg = cmp.Or(f.msg, d.msg) // the status decides codex's class
 	}
 	r := providerRefusal{class: refusalOther, retryAfter: retryAfter(header, now),
-		sentence: cleanQuoted(f.msg, presented, maxSentenceBytes)}
+		sentence: cleanQuoted(f.msg, presented, maxSentenceChars)}
 	ec, rejected := "provider_failure", 0 // a malformed answer, 408, 409, a direct route's 401/403
 	switch {
 	case status == http.StatusUnauthorized || status == http.StatusForbidden:

@@ -199,11 +199,20 @@ func TestClassifyBeforeRedacting(t *testing.T) {
 
 func TestClassifyRefusalSentenceBound(t *testing.T) {
 	openai, _ := lookupProvider("openai")
-	// the bound falls at a rune's start, then inside one
-	for _, long := range []string{strings.Repeat("é", 300), "x" + strings.Repeat("é", 300)} {
-		r := classifyRefusal(openai, 400, http.Header{}, []byte(`{"error":{"message":"`+long+`"}}`), "", time.Now())
-		if len(r.sentence) > maxSentenceBytes || !utf8.ValidString(r.sentence) {
-			t.Errorf("sentence is %d bytes, valid UTF-8 %v", len(r.sentence), utf8.ValidString(r.sentence))
+	// SPEC §10.3 counts characters: two-byte ones, after a one-byte one, and four-byte ones are cut at the 200th, never
+	// inside one; a sentence of 200 is kept whole
+	for _, tc := range []struct{ msg, want string }{
+		{strings.Repeat("é", 300), strings.Repeat("é", 200)},
+		{"x" + strings.Repeat("é", 300), "x" + strings.Repeat("é", 199)},
+		{strings.Repeat("月", 150) + strings.Repeat("🙂", 100), strings.Repeat("月", 150) + strings.Repeat("🙂", 50)},
+		{strings.Repeat("月", 200), strings.Repeat("月", 200)},
+	} {
+		r := classifyRefusal(openai, 400, http.Header{}, []byte(`{"error":{"message":"`+tc.msg+`"}}`), "", time.Now())
+		if r.sentence != tc.want || !utf8.ValidString(r.sentence) {
+			t.Errorf("sentence of %d characters, want %d: %q", utf8.RuneCountInString(r.sentence), utf8.RuneCountInString(tc.want), r.sentence)
+		}
+		if got := ledgerSentence(tc.msg); got != tc.want {
+			t.Errorf("ledger sentence of %d characters, want %d", utf8.RuneCountInString(got), utf8.RuneCountInString(tc.want))
 		}
 	}
 }
@@ -385,8 +394,8 @@ func FuzzProviderError(f *testing.F) {
 			if _, ok := codes[r.err.Code]; !ok {
 				t.Fatalf("code %q is not in the table", r.err.Code)
 			}
-			if len(r.sentence) > maxSentenceBytes {
-				t.Fatalf("sentence is %d bytes", len(r.sentence))
+			if n := utf8.RuneCountInString(r.sentence); n > maxSentenceChars {
+				t.Fatalf("sentence is %d characters", n)
 			}
 			if strings.Contains(r.sentence, secret) || strings.Contains(r.err.Message, secret) {
 				t.Fatalf("planted secret quoted: %q / %q", r.sentence, r.err.Message)
