@@ -356,7 +356,8 @@ func TestRelativeStateDirIsNoStateDir(t *testing.T) {
 // TestAllowlistCoversOpenRouterFallbacks: OpenRouter's `models` member names
 // models it may call in place of the one named, so a client with
 // allowed_models may list only models it may use as `openrouter/<model>`
-// (SPEC §3.1); a client without a list passes the member untouched.
+// (SPEC §3.1); a client without a list, a request without the member, and
+// another provider's request pass it untouched.
 func TestAllowlistCoversOpenRouterFallbacks(t *testing.T) {
 	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
 		w.Header().Set("Content-Type", "application/json")
@@ -365,24 +366,29 @@ func TestAllowlistCoversOpenRouterFallbacks(t *testing.T) {
 	env := stateEnv(t)
 	env["BRAMA_MODEL_CATALOG_URL"] = "off"
 	env["BRAMA_PROVIDER_OPENROUTER_BASE_URL"] = fake.URL
-	d := startDaemon(t, env, `{"openrouter":"`+plantedOpenAIKey+`"}`, "-local-credentials-stdin")
-	app := addClient(t, env, "app", "-allow", "openrouter/cheap", "-allow", "openrouter/spare")
-	body := func(models string) string {
-		return `{"model":"openrouter/cheap","models":` + models + `,"messages":[{"role":"user","content":"hi"}],"max_tokens":10}`
-	}
+	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, `{"openrouter":"`+plantedOpenAIKey+`","openai":"k2"}`, "-local-credentials-stdin")
+	app := addClient(t, env, "app", "-allow", "openrouter/cheap", "-allow", "openrouter/spare", "-allow", "openai/gpt-test")
 	for _, tc := range []struct {
-		name, token, models string
-		status              int
-		message             string
+		name, token, model, models string
+		status                     int
+		message                    string
 	}{
-		{"a fallback outside the list", app, `["spare","costly/model"]`, 403, `this client may not use model "openrouter/costly/model" (named in models)`},
-		{"a fallback that is no name", app, `["spare",7]`, 403, `this client may not use models: it must be a list of model names`},
-		{"fallbacks inside the list", app, `["spare","cheap"]`, 200, ""},
-		{"a client without a list", d.token, `["costly/model"]`, 200, ""},
+		{"a fallback outside the list", app, "openrouter/cheap", `["spare","costly/model"]`, 403, `this client may not use model "openrouter/costly/model" (named in models)`},
+		{"a fallback that is no name", app, "openrouter/cheap", `["spare",7]`, 403, `this client may not use models: it must be a list of model names`},
+		{"fallbacks inside the list", app, "openrouter/cheap", `["spare","cheap"]`, 200, ""},
+		{"no fallbacks", app, "openrouter/cheap", "", 200, ""},
+		{"a client without a list", d.token, "openrouter/cheap", `["costly/model"]`, 200, ""},
+		{"a client without a list, fallbacks that are no names", d.token, "openrouter/cheap", `["spare",7]`, 200, ""},
+		{"another provider's request", app, "openai/gpt-test", `["costly/model"]`, 200, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			before := fake.calls.Load()
-			status, _, got := d.call("POST", "/v1/chat/completions", tc.token, body(tc.models))
+			before, member := fake.calls.Load(), ""
+			if tc.models != "" {
+				member = `"models":` + tc.models + `,`
+			}
+			body := `{"model":"` + tc.model + `",` + member + `"messages":[{"role":"user","content":"hi"}],"max_tokens":10}`
+			status, _, got := d.call("POST", "/v1/chat/completions", tc.token, body)
 			if status != tc.status {
 				t.Fatalf("%d %s, want %d", status, got, tc.status)
 			}
@@ -393,7 +399,7 @@ func TestAllowlistCoversOpenRouterFallbacks(t *testing.T) {
 				}
 				return
 			}
-			if sent := fake.body(); calls != 1 || !strings.Contains(string(sent), `"models":`+tc.models) {
+			if sent := fake.body(); calls != 1 || !strings.Contains(string(sent), member) {
 				t.Errorf("%d calls, provider saw %s, want the models member untouched", calls, sent)
 			}
 		})
