@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -268,5 +269,33 @@ func TestDonatingOneGrantTwiceIsRefused(t *testing.T) {
 	vault, err := os.ReadFile(filepath.Join(d.env["BRAMA_STATE_DIR"], "vault.json"))
 	if n := strings.Count(string(vault), "ref-shared-0123"); err != nil || n != 1 {
 		t.Errorf("the vault holds the grant %d times (%v), want once", n, err)
+	}
+}
+
+// TestFailedRefreshAfterA401MakesNoSecondCall: a subscription's access token refused on the first call, with calls
+// left, is refreshed once; when the refresh fails, the refused token is never sent again (SPEC §7.2, §11.1).
+func TestFailedRefreshAfterA401MakesNoSecondCall(t *testing.T) {
+	for _, tc := range []struct {
+		status int
+		body   string
+	}{{502, "bad gateway"}, {400, `{"error":"invalid_grant","error_description":"revoked"}`}} {
+		t.Run(fmt.Sprint(tc.status), func(t *testing.T) {
+			var calls atomic.Int64 // the maintenance pass a failed refresh asks for reads usage from the same server
+			provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+				if r.URL.Path == "/v1/messages" {
+					calls.Add(1)
+				}
+				http.Error(w, `{"type":"error","error":{"type":"authentication_error","message":"expired token"}}`, 401)
+			})
+			tokenEndpoint := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+				http.Error(w, tc.body, tc.status)
+			})
+			d, tok := oauthSetup(t, provider, tokenEndpoint)
+			donateGrant(t, d, "acc-one", "ref-one", time.Now().Add(time.Hour).UnixMilli())
+			status, _, body := d.call("POST", "/v1/messages", tok, chatBody(dialectMessages, "claude-code/claude-test", false, ""))
+			if n, m := calls.Load(), tokenEndpoint.calls.Load(); n != 1 || m != 1 || envelopeOf(t, body)["attempts"] != float64(1) {
+				t.Errorf("%d provider calls, %d token calls, answer %d %s; want 1 call, 1 refresh, attempts 1", n, m, status, body)
+			}
+		})
 	}
 }
