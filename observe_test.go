@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -269,6 +270,11 @@ func TestReadyzNamesAnUnusableAnswerKey(t *testing.T) {
 	status, _, body = d.call("GET", "/readyz", "", "")
 	if rd = (readiness{}); json.Unmarshal(body, &rd) != nil || status != 503 || !strings.Contains(strings.Join(rd.Reasons, "\n"), "answer key") {
 		t.Errorf("/readyz with a 16-byte answer key: %d %s, want 503 naming it", status, body)
+	}
+	os.Remove(key) // absent, it is made by the first signed answer: /readyz reads, and makes nothing
+	status, _, body = d.call("GET", "/readyz", "", "")
+	if _, err := os.Stat(key); status != 200 || !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("/readyz without an answer key: %d %s, the key's stat %v; want 200 and no key made", status, body, err)
 	}
 }
 
