@@ -449,6 +449,25 @@ func TestSignedAnswerAbandoned(t *testing.T) {
 	}
 }
 
+// TestSignedAnswerSurvivesARestart: a kept answer is another process's once serve restarts, and is replayed as kept, never
+// taken for an abandoned one (SPEC §12 items 2 and 4): the same body and signature, no call.
+func TestSignedAnswerSurvivesARestart(t *testing.T) {
+	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) { okAnswer(w) })
+	env := stateEnv(t)
+	env["BRAMA_PROVIDER_OPENAI_BASE_URL"] = fake.URL
+	d := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
+	first := postAnswer(d, "k", answerBody("x"))
+	d.stop()
+	d2 := startDaemon(t, env, `{"openai":"k"}`, "-local-credentials-stdin")
+	d2.token = d.token
+	again := postAnswer(d2, "k", answerBody("x"))
+	if first.status != 200 || again.status != 200 || string(again.body) != string(first.body) || again.hdr.Get("Brama-Answer-Replayed") != "true" ||
+		again.hdr.Get("Brama-Answer-Signature") != first.hdr.Get("Brama-Answer-Signature") || fake.calls.Load() != 1 {
+		t.Errorf("after a restart: %d %s (replayed %q), first %d %s; %d provider calls; want the kept answer replayed, 1 call",
+			again.status, again.body, again.hdr.Get("Brama-Answer-Replayed"), first.status, first.body, fake.calls.Load())
+	}
+}
+
 // An abandoned answer first met on /v1/messages is kept and replayed in
 // that dialect's envelope, with the top-level "type":"error" (SPEC §8.1).
 func TestSignedAnswerAbandonedOnMessages(t *testing.T) {
