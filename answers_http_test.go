@@ -667,21 +667,33 @@ func TestSignedAnswerTamperedIsNotReplayed(t *testing.T) {
 		io.WriteString(w, protocolFixtures[0].buffered)
 	})
 	body := answerBody("hi")
-	if first := postAnswer(d, "k-tamper", body); first.status != 200 {
-		t.Fatalf("first: %d %s %v", first.status, first.body, first.err)
-	}
-	path := answerFile(env, "local", "k-tamper")
-	rec := readKept(t, path)
-	rec.Body[len(rec.Body)/2] ^= 1
-	tampered, _ := marshalState(rec)
-	if err := os.WriteFile(path, tampered, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	calls := fake.calls.Load()
-	again := postAnswer(d, "k-tamper", body)
-	if e := envelopeOf(t, again.body); again.status != 500 || e["code"] != "internal_error" || bytes.Equal(again.body, rec.Body) ||
-		fake.calls.Load() != calls {
-		t.Errorf("the tampered key: %d %s, %d calls; want 500 internal_error and no call", again.status, again.body, fake.calls.Load()-calls)
+	for _, spoil := range []struct {
+		name string
+		edit func(rec *answerRecord) []byte
+	}{
+		{"a body its signature does not sign", func(rec *answerRecord) []byte {
+			rec.Body[len(rec.Body)/2] ^= 1
+			return must(marshalState(rec))
+		}},
+		{"a record cut in half", func(rec *answerRecord) []byte { b := must(marshalState(rec)); return b[:len(b)/2] }},
+	} {
+		t.Run(spoil.name, func(t *testing.T) {
+			key := "k-" + strings.ReplaceAll(spoil.name, " ", "-")
+			if first := postAnswer(d, key, body); first.status != 200 {
+				t.Fatalf("first: %d %s %v", first.status, first.body, first.err)
+			}
+			path := answerFile(env, "local", key)
+			rec := readKept(t, path)
+			if err := os.WriteFile(path, spoil.edit(rec), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			calls := fake.calls.Load()
+			again := postAnswer(d, key, body)
+			if e := envelopeOf(t, again.body); again.status != 500 || e["code"] != "internal_error" ||
+				e["message"] != "the kept answer for this Idempotency-Key is unreadable" || fake.calls.Load() != calls {
+				t.Errorf("the spoiled key: %d %s, %d calls; want 500 internal_error and no call", again.status, again.body, fake.calls.Load()-calls)
+			}
+		})
 	}
 }
 
