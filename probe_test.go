@@ -219,8 +219,9 @@ func TestProbe(t *testing.T) {
 	for _, secret := range []string{"sk-probe-k2-0123456789", "probe-cc-access-0123456789", "probe-cc-refresh-0123456789"} {
 		assertNoSecret(t, secret, logsBesidesFirstStart(logs), env["BRAMA_STATE_DIR"])
 	}
-	d.stop()                                            // the ledger is written
-	ledger := readLedgerFile(t, env["BRAMA_STATE_DIR"]) // a probe is no request's use: only requests count (SPEC §10.3)
+	// A probe is no request's use: only requests count (SPEC §10.3).
+	d.stop() // the ledger is written
+	ledger := readLedgerFile(t, env["BRAMA_STATE_DIR"])
 	if oaUse, ccUse := ledger[oa].Measured, ledger[cc].Measured; oaUse.Requests != 0 || ccUse.Requests != 0 {
 		t.Errorf("measured use after probes alone: openai %+v, claude-code %+v; want none", oaUse, ccUse)
 	}
