@@ -219,7 +219,10 @@ func TestProbe(t *testing.T) {
 	for _, secret := range []string{"sk-probe-k2-0123456789", "probe-cc-access-0123456789", "probe-cc-refresh-0123456789"} {
 		assertNoSecret(t, secret, logsBesidesFirstStart(logs), env["BRAMA_STATE_DIR"])
 	}
-	// A probe is no request's use: only requests count (SPEC §10.3).
+	// A probe is no request's use: only requests count, in the ledger (SPEC §10.3) and the perf registry (§13).
+	if _, _, m := d.call("GET", "/metrics", d.token, ""); strings.Contains(string(m), `route="claude-code/`) || strings.Contains(string(m), `route="openai/`) {
+		t.Errorf("/metrics counts a probe's calls:\n%s", m)
+	}
 	d.stop() // the ledger is written
 	ledger := readLedgerFile(t, env["BRAMA_STATE_DIR"])
 	if oaUse, ccUse := ledger[oa].Measured, ledger[cc].Measured; oaUse.Requests != 0 || ccUse.Requests != 0 {
