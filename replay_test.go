@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -463,5 +464,44 @@ func TestReplayGuardFixReleasesClient(t *testing.T) {
 	g.forget("", "kimi")
 	if g.size() != 0 || len(g.held) != 0 {
 		t.Errorf("after the provider's fix: %d entries, held %v; want none", g.size(), g.held)
+	}
+}
+
+// TestReplayGuardForgetsOnlyWhatAFixTouches: an alias written forgets the refusals through that alias, a provider's
+// credential changed those that walked that provider (a selector's candidates too), and nothing else (SPEC §17).
+func TestReplayGuardForgetsOnlyWhatAFixTouches(t *testing.T) {
+	refused := refuse("provider_rejected", "no").withStatus(400)
+	requests := []struct {
+		c     call
+		cands []resolution
+	}{
+		{call{res: resolution{Alias: "chat", Provider: providerInfo{id: "openai"}}}, nil},
+		{call{res: resolution{Provider: providerInfo{id: "anthropic"}}}, nil},
+		{call{res: resolution{Mode: modeAny}}, []resolution{{Provider: providerInfo{id: "kimi"}}}},
+	}
+	for _, tc := range []struct {
+		name, alias, provider string
+		forgotten             []int
+	}{
+		{"another alias", "other", "", nil},
+		{"another provider", "", "groq", nil},
+		{"the alias", "chat", "", []int{0}},
+		{"a provider", "", "anthropic", []int{1}},
+		{"a selector candidate's provider", "", "kimi", []int{2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := newReplayGuard(testEnv(nil), nil, time.Now)
+			for i, r := range requests {
+				_, remember := g.check("c", "", nil, rawBody(t, fmt.Sprintf(`{"n":%d}`, i)), r.c, r.cands)
+				remember(refused, 1, false, false)
+			}
+			g.forget(tc.alias, tc.provider)
+			for i, r := range requests {
+				refusal, _ := g.check("c", "", nil, rawBody(t, fmt.Sprintf(`{"n":%d}`, i)), r.c, r.cands)
+				if forgotten := refusal == nil; forgotten != slices.Contains(tc.forgotten, i) {
+					t.Errorf("request %d forgotten %v, want %v", i, forgotten, !forgotten)
+				}
+			}
+		})
 	}
 }
