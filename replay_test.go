@@ -505,3 +505,33 @@ func TestReplayGuardForgetsOnlyWhatAFixTouches(t *testing.T) {
 		})
 	}
 }
+
+// TestReplayGuardRemembersOnlyAFinalRefusalAfterACall: the guard keeps a refusal met after a provider call that the same
+// request would meet again; not one before any call, a hang-up, a retryable one, a client_cancelled, or a sign-in's
+// subscription_reauthorization_required, which signing in must let pass (SPEC §8.1, §17).
+func TestReplayGuardRemembersOnlyAFinalRefusalAfterACall(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		ae       *apiError
+		attempts int
+		hungUp   bool
+		kept     bool
+	}{
+		{"a refusal after a call", refuse("provider_rejected", "no").withStatus(400), 1, false, true},
+		{"an answer", nil, 1, false, false},
+		{"before any call", refuse("provider_rejected", "no").withStatus(400), 0, false, false},
+		{"the caller hung up", refuse("provider_failure", "cut"), 1, true, false},
+		{"retryable", refuse("provider_rate_limited", "slow"), 1, false, false},
+		{"client_cancelled", refuse("client_cancelled", "gone"), 1, false, false},
+		{"a sign-in is due", refuse("subscription_reauthorization_required", "sign in"), 1, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := newReplayGuard(testEnv(nil), nil, time.Now)
+			body := rawBody(t, `{"n":1}`)
+			rememberOf(g, "c", body, call{})(tc.ae, tc.attempts, tc.hungUp, false)
+			if kept := refusalOf(g, "c", body) != nil; kept != tc.kept {
+				t.Errorf("remembered %v, want %v", kept, tc.kept)
+			}
+		})
+	}
+}
