@@ -243,53 +243,65 @@ func TestPerfCountsAnExhaustedWalk(t *testing.T) {
 
 // TestPinEndsAtTheLedgersEarliestReset: the pin of a subscription whose
 // windows came from a usage report (kimi's) ends at its earliest window
-// reset, not 24 h on (SPEC §7.2.2).
+// reset still to come, and at most 24 h on (SPEC §7.2.2).
 func TestPinEndsAtTheLedgersEarliestReset(t *testing.T) {
-	clock := &testClock{t: time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)}
-	testingOnlyNow = clock.now
-	defer func() { testingOnlyNow = nil }()
-	reset := clock.now().Add(time.Hour).Format(time.RFC3339)
-	var mu sync.Mutex
-	behavior, seen := map[string]string{"pin-1": "429", "pin-2": "200"}, []string{}
-	fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
-		key := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if r.Method == http.MethodGet { // both equally full until the same reset
-			fmt.Fprintf(w, `{"usage":{"limit":100,"used":10,"reset_time":%q}}`, reset)
-			return
-		}
-		mu.Lock()
-		seen = append(seen, key)
-		b := behavior[key]
-		mu.Unlock()
-		if b == "429" {
-			w.Header().Set("Retry-After", "60")
-			http.Error(w, `{"error":{"type":"rate_limit_error","message":"slow down"}}`, 429)
-			return
-		}
-		io.WriteString(w, protocolFixtures[0].buffered)
-	})
-	env := stateEnv(t)
-	env["BRAMA_PROVIDER_KIMI_BASE_URL"] = fake.URL
-	env["BRAMA_REPLAY_GUARD_SECS"] = "0"
-	d := startDaemon(t, env, "")
-	tok, _ := agentWithSubs(t, d, "pinner", "kimi", "pin-1", "pin-2")
-	if s, _, b := d.call("POST", "/v1/admin/maintain", d.token, ""); s != 200 {
-		t.Fatalf("maintain: %d %s", s, b)
-	}
-	if s, _, b := d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "kimi/m", false, "")); s != 200 {
-		t.Fatalf("first request: %d %s", s, b) // pin-1 refused 429, pin-2 served and is pinned
-	}
-	clock.advance(2 * time.Hour) // the block and the windows' reset are over: both are equals again
-	mu.Lock()
-	behavior["pin-1"], seen = "200", nil
-	mu.Unlock()
-	if s, _, b := d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "kimi/m", false, "")); s != 200 {
-		t.Fatalf("second request: %d %s", s, b)
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	if !slices.Equal(seen, []string{"pin-1"}) {
-		t.Errorf("after the pinned subscription's window reset the provider saw %v, want [pin-1] (overlay order: the pin ended)", seen)
+	for _, tc := range []struct {
+		name         string
+		reset, after time.Duration // the report's reset, and the wait before the second request, from the first
+		want         string        // the subscription the second request calls first: pin-2 while pinned
+	}{
+		{"a reset within the day ends it", time.Hour, 2 * time.Hour, "pin-1"},
+		{"a reset days away: 24 h end it", 7 * 24 * time.Hour, 25 * time.Hour, "pin-1"},
+		{"a reset passed ends nothing", -time.Hour, 2 * time.Hour, "pin-2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := &testClock{t: time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)}
+			testingOnlyNow = clock.now
+			defer func() { testingOnlyNow = nil }()
+			reset := clock.now().Add(tc.reset).Format(time.RFC3339)
+			var mu sync.Mutex
+			behavior, seen := map[string]string{"pin-1": "429", "pin-2": "200"}, []string{}
+			fake := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+				key := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+				if r.Method == http.MethodGet { // both equally full until the same reset
+					fmt.Fprintf(w, `{"usage":{"limit":100,"used":10,"reset_time":%q}}`, reset)
+					return
+				}
+				mu.Lock()
+				seen = append(seen, key)
+				b := behavior[key]
+				mu.Unlock()
+				if b == "429" {
+					w.Header().Set("Retry-After", "60")
+					http.Error(w, `{"error":{"type":"rate_limit_error","message":"slow down"}}`, 429)
+					return
+				}
+				io.WriteString(w, protocolFixtures[0].buffered)
+			})
+			env := stateEnv(t)
+			env["BRAMA_PROVIDER_KIMI_BASE_URL"] = fake.URL
+			env["BRAMA_REPLAY_GUARD_SECS"] = "0"
+			d := startDaemon(t, env, "")
+			tok, _ := agentWithSubs(t, d, "pinner", "kimi", "pin-1", "pin-2")
+			if s, _, b := d.call("POST", "/v1/admin/maintain", d.token, ""); s != 200 {
+				t.Fatalf("maintain: %d %s", s, b)
+			}
+			if s, _, b := d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "kimi/m", false, "")); s != 200 {
+				t.Fatalf("first request: %d %s", s, b) // pin-1 refused 429, pin-2 served and is pinned
+			}
+			clock.advance(tc.after) // pin-1's block is over: both are equals again but for the pin
+			mu.Lock()
+			behavior["pin-1"], seen = "200", nil
+			mu.Unlock()
+			if s, _, b := d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "kimi/m", false, "")); s != 200 {
+				t.Fatalf("second request: %d %s", s, b)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if !slices.Equal(seen, []string{tc.want}) {
+				t.Errorf("the provider saw %v, want [%s] (pin-1: overlay order, the pin ended)", seen, tc.want)
+			}
+		})
 	}
 }
 
