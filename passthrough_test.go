@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -430,6 +431,9 @@ func TestPassthroughStreamEnds(t *testing.T) {
 			want: chatChunk, wantAbort: true, wantCode: "provider_incomplete"},
 		{name: "messages in-band error", dialect: dialectMessages, model: "anthropic/claude-test", stream: msgStart + msgDelta + msgError,
 			want: msgStart + msgDelta, wantAbort: true, wantCode: "provider_incomplete"},
+		{name: "messages in-band rate limit on a direct route (no subscription to block)", dialect: dialectMessages, model: "anthropic/claude-test",
+			stream: msgStart + msgDelta + strings.Replace(msgError, "overloaded_error", "rate_limit_error", 1),
+			want:   msgStart + msgDelta, wantAbort: true, wantCode: "provider_incomplete"},
 		{name: "messages: a block without data is no event, relayed", dialect: dialectMessages, model: "anthropic/claude-test",
 			stream: msgStart + "event: ping\n\n" + msgDelta + msgStop, want: msgStart + "event: ping\n\n" + msgDelta + msgStop},
 		{name: "messages ends before message_stop", dialect: dialectMessages, model: "anthropic/claude-test", stream: msgStart + msgDelta,
@@ -462,6 +466,7 @@ func TestPassthroughStreamEnds(t *testing.T) {
 		env["BRAMA_PROVIDER_"+p+"_BASE_URL"] = prov.URL
 	}
 	d := startDaemon(t, env, `{"openai":"k1","anthropic":"k2","openai-responses":"k3"}`, "-local-credentials-stdin")
+	outcomes := map[string]string{} // request id → the outcome its log line must say
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, upstream, _ := strings.Cut(tt.model, "/")
@@ -471,6 +476,7 @@ func TestPassthroughStreamEnds(t *testing.T) {
 			resp := d.openStream(dialectPaths[tt.dialect], d.token, chatBody(tt.dialect, tt.model, true, tt.extra))
 			defer resp.Body.Close()
 			got, readErr := io.ReadAll(resp.Body)
+			outcomes[resp.Header.Get("X-Request-Id")] = cmp.Or(tt.wantCode, "ok")
 			if resp.StatusCode != 200 || resp.Header.Get("Brama-Route") != tt.model {
 				t.Fatalf("status %d, Brama-Route %q: %s", resp.StatusCode, resp.Header.Get("Brama-Route"), got)
 			}
@@ -491,6 +497,14 @@ func TestPassthroughStreamEnds(t *testing.T) {
 				t.Errorf("after the relayed events: %q; want only Brama's in-band %s", rest, tt.wantCode)
 			}
 		})
+	}
+	d.stop() // every request has written its log line: the outcome the stream ended with
+	for _, path := range []string{"/v1/chat/completions", "/v1/messages", "/v1/responses"} {
+		for _, l := range requestLines(d.stderr.String(), path) {
+			if id, _ := l["request_id"].(string); l["outcome"] != outcomes[id] {
+				t.Errorf("request %s logged outcome %v, want %s", id, l["outcome"], outcomes[id])
+			}
+		}
 	}
 }
 
