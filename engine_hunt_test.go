@@ -104,6 +104,32 @@ func TestAFailedAnswerPinsNothing(t *testing.T) {
 	}
 }
 
+// TestAPinOnACredentialRefusedSinceIsPassedOver: the pinned subscription's
+// credential refused by a later call leaves the pool; its pin, still live,
+// orders nothing, and the next request is served by the other (SPEC §7.2.2).
+func TestAPinOnACredentialRefusedSinceIsPassedOver(t *testing.T) {
+	d, fake, clock, tok := huntScene(t)
+	body := chatBody(dialectChat, "kimi/k2", false, "")
+	fake.set("key-a", answer429)
+	fake.set("key-b", answerOK)
+	if s, _, b := d.call("POST", "/v1/chat/completions", tok, body); s != 200 {
+		t.Fatalf("a blocked, b serves (and is pinned): %d %s", s, b)
+	}
+	clock.advance(121 * time.Second) // a's block is over; b, pinned, goes first
+	fake.set("key-b", answer401)
+	if s, _, b := d.call("POST", "/v1/chat/completions", tok, body); s != 429 {
+		t.Fatalf("b refused (and marked), a blocked again: %d %s", s, b)
+	}
+	clock.advance(121 * time.Second) // a alone is in the pool, though b's pin lives
+	fake.set("key-a", answerOK)
+	if s, _, b := d.call("POST", "/v1/chat/completions", tok, body); s != 200 {
+		t.Fatalf("a alone: %d %s", s, b)
+	}
+	if a, b := fake.count("key-a"), fake.count("key-b"); a != 3 || b != 2 {
+		t.Errorf("a called %d, b %d times; want a 3 (429, 429, served), b 2 (served, then refused)", a, b)
+	}
+}
+
 // TestACredentialMarkedDuringAWalkIsNotCalled: a request whose walk
 // reaches a subscription that another request's 401 marked
 // needs_reauthorization meanwhile skips it without a call (SPEC §10.3: such
