@@ -203,7 +203,8 @@ func TestSelectorCandidateOrder(t *testing.T) {
 
 // TestPerfCountsAnExhaustedWalk: a subscription route that served, then
 // refused because its whole pool refused, counts one request and one
-// failure, as a direct route's refusal does (SPEC §13).
+// failure, as a direct route's refusal does (SPEC §13); a walk that made no
+// call counts nothing.
 func TestPerfCountsAnExhaustedWalk(t *testing.T) {
 	fake := newKeyedFake(t, map[string]string{"pk-1": "200", "pk-2": "200"})
 	env := stateEnv(t)
@@ -226,6 +227,13 @@ func TestPerfCountsAnExhaustedWalk(t *testing.T) {
 	}
 	if e := stats(); e.Count != 2 || e.Failures != 1 {
 		t.Errorf("kimi/m: count %d failures %d after a success and an exhausted walk, want 2 and 1", e.Count, e.Failures)
+	}
+	// A walk that made no call (every subscription blocked, skipped) counts nothing.
+	if s, _, b := d.call("POST", "/v1/chat/completions", tok, chatBody(dialectChat, "kimi/m", false, "")); s != 429 || envelopeOf(t, b)["attempts"] != float64(0) {
+		t.Fatalf("third request: %d %s, want 429 after no call", s, b)
+	}
+	if e := stats(); e.Count != 2 || e.Failures != 1 {
+		t.Errorf("kimi/m: count %d failures %d after a walk without a call, want 2 and 1 still", e.Count, e.Failures)
 	}
 	// A selector's candidate refused (400) counts on its route too.
 	fake.mu.Lock()
