@@ -302,3 +302,27 @@ func TestUsageReadsOneAtATimePerProvider(t *testing.T) {
 		t.Errorf("%d usage reads in flight at once at one provider, want 1", most)
 	}
 }
+
+// TestMaintainUsageReadWithoutAnAnswer: a usage read whose connection closes before any status fails naming no status,
+// never as a body that ended early (there was none).
+func TestMaintainUsageReadWithoutAnAnswer(t *testing.T) {
+	fake := newMaintProviderFake(t, &testClock{t: time.Now()})
+	d, _ := maintDaemon(t, fake)
+	status, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, `{"provider":"kimi","api_key":"plantedKimiKey"}`)
+	donatedID(t, status, b, "a1", "kimi")
+	fake.handle(fakeKimiUsage, func(w http.ResponseWriter, r *http.Request) {
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			conn.Close()
+		}
+	})
+	_, _, b = d.call("POST", "/v1/admin/maintain", d.token, "")
+	var body struct {
+		Usage struct {
+			Failed []struct{ Error string } `json:"failed"`
+		} `json:"usage"`
+	}
+	if json.Unmarshal(b, &body) != nil || len(body.Usage.Failed) != 1 || !strings.Contains(body.Usage.Failed[0].Error, "no status") ||
+		strings.Contains(body.Usage.Failed[0].Error, "ended early") {
+		t.Errorf("maintain: %s; want one failed read naming no status, not a body that ended early", b)
+	}
+}
