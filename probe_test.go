@@ -256,3 +256,21 @@ func TestProbeInBandLimitBlocks(t *testing.T) {
 		t.Errorf("the provider saw %d calls, want the probe's 1", n)
 	}
 }
+
+// TestProbeWhoseGrantCannotBeRefreshed: a probe of an expired grant whose refresh is refused makes no call and is an
+// answered probe (probe.ok false, naming the refresh), not the probe's own refusal (SPEC §11.3).
+func TestProbeWhoseGrantCannotBeRefreshed(t *testing.T) {
+	provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) { io.WriteString(w, opAnthropicAnswer) })
+	tokenEndpoint := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		http.Error(w, `{"error":"invalid_grant","error_description":"revoked"}`, 400)
+	})
+	d, _ := oauthSetup(t, provider, tokenEndpoint)
+	id := donateGrant(t, d, "acc-old", "ref-old", 1) // expired long ago
+	status, _, b := d.call("POST", "/v1/admin/subscriptions/a1/"+id+"/probe", d.token, "")
+	var ans probeAnswer
+	if json.Unmarshal(b, &ans) != nil || status != 200 || !ans.OK || ans.Probe.OK || !strings.Contains(ans.Probe.Detail, "grant refresh failed") ||
+		provider.calls.Load() != 0 || tokenEndpoint.calls.Load() != 1 {
+		t.Errorf("probe: %d %s, %d calls, %d refreshes; want an answered probe, ok false naming the refresh, no call",
+			status, b, provider.calls.Load(), tokenEndpoint.calls.Load())
+	}
+}
