@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -947,5 +948,36 @@ func TestRefusalStatingItsUsedUpWindowBlocksUntilItResets(t *testing.T) {
 				t.Errorf("Retry-After %d s, want the window's reset (%v) or at most 15 min", wait, tc.wantHour)
 			}
 		})
+	}
+}
+
+// TestUsageReportIsAWholeReading: a usage report replaces the report's windows, dropping one it no longer names; a
+// traffic reading names only its own and drops none, nor does a reading of no window (SPEC §6.3, §11.2).
+func TestUsageReportIsAWholeReading(t *testing.T) {
+	l, _, _, _ := newTestLedger(state{dir: t.TempDir()})
+	report := func(ids ...string) (ws []planWindow) {
+		for _, id := range ids {
+			ws = append(ws, planWindow{ID: id, UsedFraction: 0.5, Source: windowSourceReport})
+		}
+		return ws
+	}
+	ids := func() (out []string) {
+		for _, w := range l.entry(ledgerIDA).Windows {
+			out = append(out, w.ID)
+		}
+		return out
+	}
+	l.recordWindows(ledgerIDA, "kimi", report("kimi:usage", "kimi:limit-0"))
+	l.recordWindows(ledgerIDA, "kimi", []planWindow{{ID: "kimi:usage", UsedFraction: 0.7, Source: windowSourceTraffic}})
+	if got := ids(); !slices.Equal(got, []string{"kimi:usage", "kimi:limit-0"}) {
+		t.Errorf("after a traffic reading of one window: %v, want both kept", got)
+	}
+	l.recordWindows(ledgerIDA, "kimi", report("kimi:usage"))
+	if got := ids(); !slices.Equal(got, []string{"kimi:usage"}) {
+		t.Errorf("after a report naming one window: %v, want the other dropped", got)
+	}
+	l.recordWindows(ledgerIDA, "kimi", report()) // no reading at all: nothing to replace
+	if got := ids(); !slices.Equal(got, []string{"kimi:usage"}) {
+		t.Errorf("after an empty reading: %v, want the window kept", got)
 	}
 }
