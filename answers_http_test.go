@@ -698,6 +698,25 @@ func TestSignedAnswerTamperedIsNotReplayed(t *testing.T) {
 }
 
 // TestSignedAnswerKeptAfterAPanicPastACall (SPEC §12 item 3): a request that panics after a provider call started keeps
+// TestSignedAnswerReleasedAfterAPanicBeforeACall (SPEC §12 item 3): a request that panics before any provider call
+// releases its key, so the same request again is dispatched and answered.
+func TestSignedAnswerReleasedAfterAPanicBeforeACall(t *testing.T) {
+	d, fake, _ := startAnswers(t, func(w http.ResponseWriter, r *http.Request, body []byte) { okAnswer(w) })
+	var calls atomic.Int32
+	testingOnlyBeforeCall = func(context.Context) {
+		if calls.Add(1) == 1 {
+			panic("planted panic")
+		}
+	}
+	defer func() { testingOnlyBeforeCall = nil }()
+	postAnswer(d, "k-early-panic", answerBody("x")) // the panic aborts the connection (or Go's transport sends it again)
+	res := postAnswer(d, "k-early-panic", answerBody("x"))
+	if res.err != nil || res.status != 200 || res.hdr.Get("Brama-Answer-Replayed") != "" || fake.calls.Load() != 1 {
+		t.Errorf("after a panic before any call: %d %s %v, %d provider calls; want the request dispatched again and answered, 1 call",
+			res.status, res.body, res.err, fake.calls.Load())
+	}
+}
+
 // its key as 500 internal_error, so the key sent again is answered that refusal with no call; it never spends twice.
 func TestSignedAnswerKeptAfterAPanicPastACall(t *testing.T) {
 	env := stateEnv(t)
