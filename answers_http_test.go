@@ -529,6 +529,30 @@ func TestSignedAnswerCutByShutdown(t *testing.T) {
 	}
 }
 
+// TestSignedAnswerCutByShutdownBeforeACall: a signed request the second stop signal cuts before any provider call made
+// none, so its key is released, not kept as item 2's refusal (SPEC §12 item 3).
+func TestSignedAnswerCutByShutdownBeforeACall(t *testing.T) {
+	d, fake, env := startAnswers(t, func(w http.ResponseWriter, r *http.Request, body []byte) { okAnswer(w) })
+	arrived := make(chan struct{})
+	testingOnlyBeforeCall = func(ctx context.Context) {
+		close(arrived)
+		<-ctx.Done() // the call waits; the cut comes first
+	}
+	defer func() { testingOnlyBeforeCall = nil }()
+	done := make(chan answerResult, 1)
+	go func() { done <- postAnswer(d, "k-shutdown-early", answerBody("")) }()
+	<-arrived
+	stopped := make(chan struct{})
+	go func() { d.stop(); close(stopped) }()
+	d.stderr.waitFor(t, `"msg":"serve_draining"`)
+	d.cut()
+	<-stopped
+	<-done
+	if _, err := os.Stat(answerFile(env, "local", "k-shutdown-early")); !errors.Is(err, os.ErrNotExist) || fake.calls.Load() != 0 {
+		t.Errorf("kept answer file: %v, %d provider calls; want the key released and no call", err, fake.calls.Load())
+	}
+}
+
 // TestSignedAnswerUnkept: an answer whose completion could not be written
 // (a full disk) is given once, unsigned; the key then stays in progress in
 // this process, and sending it again is the non-retryable refusal that says
