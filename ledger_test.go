@@ -255,6 +255,9 @@ func TestLedgerUnreadableIsNeverOverwritten(t *testing.T) {
 			if b, err := os.ReadFile(name); err != nil || string(b) != c.content {
 				t.Errorf("ledger.json changed: %q, %v", b, err)
 			}
+			if tried := ledgerLogLines(t, logs, "ledger_write_failed"); len(tried) > 0 {
+				t.Errorf("an unreadable ledger was written somewhere: %v", tried)
+			}
 			lines := ledgerLogLines(t, logs, "ledger_unreadable")
 			if len(lines) != 1 || lines[0]["level"] != "ERROR" {
 				t.Errorf("ledger_unreadable records = %v, want one at ERROR", lines)
