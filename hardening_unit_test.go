@@ -75,7 +75,9 @@ func FuzzCheckNesting(f *testing.F) {
 	f.Add([]byte(strings.Repeat("[", 1001) + strings.Repeat("]", 1001)))
 	f.Add([]byte(strings.Repeat(`{"a":`, 1000) + "1" + strings.Repeat("}", 1000)))
 	f.Add([]byte(`not json [[[`))
-	f.Add([]byte(`["\"` + strings.Repeat("[", 1001) + `"]`)) // brackets in a string after an escaped quote: depth 1
+	f.Add([]byte(`["\"` + strings.Repeat("[", 1001) + `"]`))       // brackets in a string after an escaped quote: depth 1
+	f.Add([]byte("[" + strings.Repeat("[],", 1001) + "[]]"))       // wide, not deep: every ] closes
+	f.Add([]byte("[" + strings.Repeat(`{"a":{}},`, 1001) + "{}]")) // and every }
 	f.Fuzz(func(t *testing.T, b []byte) {
 		err := checkNesting(b)
 		if err != nil && !errors.Is(err, errTooDeep) {
