@@ -618,8 +618,13 @@ func TestJournalRetiredReadsOnlyTheNewTail(t *testing.T) {
 		t.Errorf("the unreadable line 5 was not logged with its number:\n%s", logs.String())
 	}
 
-	// A replaced file (new inode) is folded from the start.
-	if err := writeFileAtomic(j.name, []byte(`{"kind":"retire","at":"2025-01-01T00:00:00.000Z","subscription_id":"sub_new"}`+"\n")); err != nil {
+	// A replaced file (new inode) is folded from the start, though it is longer than the part already folded.
+	replaced := `{"kind":"retire","at":"2025-01-01T00:00:00.000Z","subscription_id":"sub_new"}` + "\n" +
+		strings.Repeat(`{"kind":"reinstate","at":"2025-01-01T00:00:00.000Z","subscription_id":"sub_pad"}`+"\n", 20)
+	if old, _ := os.ReadFile(j.name); len(replaced) <= len(old) {
+		t.Fatalf("the replacement (%d bytes) must be longer than the journal (%d)", len(replaced), len(old))
+	}
+	if err := writeFileAtomic(j.name, []byte(replaced)); err != nil {
 		t.Fatal(err)
 	}
 	mustRetired(map[string]bool{"sub_new": true})
