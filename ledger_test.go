@@ -646,6 +646,11 @@ func TestParsePlanWindows(t *testing.T) {
 			"anthropic-ratelimit-unified-7d-utilization": "half",
 			"anthropic-ratelimit-unified-7d-reset":       "1e400",
 		}},
+		{name: "claude-code infinite utilization skips the window", provider: "claude-code", headers: map[string]string{
+			"anthropic-ratelimit-unified-5h-utilization": "Infinity",
+			"anthropic-ratelimit-unified-5h-reset":       "1790000000",
+			"anthropic-ratelimit-unified-7d-utilization": "-Inf",
+		}},
 		{name: "codex primary and secondary", provider: "codex", headers: map[string]string{
 			"x-codex-primary-used-percent":          "25",
 			"x-codex-primary-window-minutes":        "300",
