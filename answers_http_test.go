@@ -501,15 +501,7 @@ func TestSignedAnswerCutByShutdown(t *testing.T) {
 		close(arrived)
 		<-r.Context().Done() // a long generation, cut by Brama
 	})
-	done := make(chan answerResult, 1)
-	go func() { done <- postAnswer(d, "k-shutdown", answerBody("")) }()
-	<-arrived
-	stopped := make(chan struct{})
-	go func() { d.stop(); close(stopped) }()
-	d.stderr.waitFor(t, `"msg":"serve_draining"`)
-	d.cut()
-	<-stopped
-	<-done
+	postThenCut(t, d, "k-shutdown", arrived)
 	b, err := os.ReadFile(answerFile(env, "local", "k-shutdown"))
 	if err != nil {
 		t.Fatalf("no kept answer: %v", err)
@@ -529,6 +521,21 @@ func TestSignedAnswerCutByShutdown(t *testing.T) {
 	}
 }
 
+// postThenCut posts a signed request with key and, once arrived closes, stops serve with two signals: the first drains,
+// the second cuts what still runs. It returns when serve has stopped and the request has its answer.
+func postThenCut(t *testing.T, d *daemon, key string, arrived <-chan struct{}) {
+	t.Helper()
+	done := make(chan answerResult, 1)
+	go func() { done <- postAnswer(d, key, answerBody("")) }()
+	<-arrived
+	stopped := make(chan struct{})
+	go func() { d.stop(); close(stopped) }()
+	d.stderr.waitFor(t, `"msg":"serve_draining"`)
+	d.cut()
+	<-stopped
+	<-done
+}
+
 // TestSignedAnswerCutByShutdownBeforeACall: a signed request the second stop signal cuts before any provider call made
 // none, so its key is released, not kept as item 2's refusal (SPEC §12 item 3).
 func TestSignedAnswerCutByShutdownBeforeACall(t *testing.T) {
@@ -539,15 +546,7 @@ func TestSignedAnswerCutByShutdownBeforeACall(t *testing.T) {
 		<-ctx.Done() // the call waits; the cut comes first
 	}
 	defer func() { testingOnlyBeforeCall = nil }()
-	done := make(chan answerResult, 1)
-	go func() { done <- postAnswer(d, "k-shutdown-early", answerBody("")) }()
-	<-arrived
-	stopped := make(chan struct{})
-	go func() { d.stop(); close(stopped) }()
-	d.stderr.waitFor(t, `"msg":"serve_draining"`)
-	d.cut()
-	<-stopped
-	<-done
+	postThenCut(t, d, "k-shutdown-early", arrived)
 	if _, err := os.Stat(answerFile(env, "local", "k-shutdown-early")); !errors.Is(err, os.ErrNotExist) || fake.calls.Load() != 0 {
 		t.Errorf("kept answer file: %v, %d provider calls; want the key released and no call", err, fake.calls.Load())
 	}
