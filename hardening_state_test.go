@@ -126,6 +126,18 @@ func TestServeRemovesCrashLeftovers(t *testing.T) {
 	assertNoSecret(t, plantedStaleSecret, logs, dir)
 }
 
+// TestServeSweepsNoDirectoryNotMadeYet: a file named by environment in a directory not made yet (its first write makes
+// it) has no temporary files to sweep, and serve says nothing of them.
+func TestServeSweepsNoDirectoryNotMadeYet(t *testing.T) {
+	env := stateEnv(t)
+	env["BRAMA_VAULT_FILE"] = filepath.Join(t.TempDir(), "not-yet", "vault.json")
+	d := startDaemon(t, env, "")
+	d.stop()
+	if logs := d.stderr.String(); strings.Contains(logs, "state_temp_files") {
+		t.Errorf("serve reported temporary files of a directory that does not exist:\n%s", logs)
+	}
+}
+
 // TestServeReportsUnremovedTemps: a stale temporary file whose lock is a planted symlink is neither removed nor
 // counted as removed: serve starts and logs state_temp_files_unremoved with the cause (AUTHORIZATION.md).
 func TestServeReportsUnremovedTemps(t *testing.T) {
