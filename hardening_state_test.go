@@ -27,8 +27,10 @@ const plantedStaleSecret = "sk-planted-stale-vault-copy-0123456789"
 // subscription secret the overlay never names. It returns the orphan's id.
 func plantCrashLeftovers(t *testing.T, dir string) string {
 	t.Helper()
-	if err := os.MkdirAll(filepath.Join(dir, "answers", "local"), 0o700); err != nil {
-		t.Fatal(err)
+	for _, d := range []string{"answers/local", ".routes.json.tmp5"} { // the second only looks like a temporary file
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
+			t.Fatal(err)
+		}
 	}
 	const orphan = "sub_00000000000000aa"
 	vault := fmt.Sprintf(`{"schema_version":1,"direct":{},"subscriptions":{%q:{"api_key":%q}}}`, orphan, plantedStaleSecret)
@@ -43,6 +45,7 @@ func plantCrashLeftovers(t *testing.T, dir string) string {
 		"notes.tmp1":                                 "not Brama's: kept",
 		".hidden-but-not-ours":                       "kept",
 		"answers/local/0123abcd.json.tmp99.finished": "kept",
+		".routes.json.tmp5/inside":                   "a directory's: kept",
 	} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o600); err != nil {
 			t.Fatal(err)
@@ -105,7 +108,7 @@ func TestServeRemovesCrashLeftovers(t *testing.T) {
 	if left := staleTemps(t, dir); len(left) != 0 {
 		t.Errorf("stale temporary files left: %v", left)
 	}
-	for _, kept := range []string{"notes.tmp1", ".hidden-but-not-ours", "answers/local/0123abcd.json.tmp99.finished"} {
+	for _, kept := range []string{"notes.tmp1", ".hidden-but-not-ours", "answers/local/0123abcd.json.tmp99.finished", ".routes.json.tmp5/inside"} {
 		if _, err := os.Stat(filepath.Join(dir, kept)); err != nil {
 			t.Errorf("%s is not Brama's temporary file but was removed", kept)
 		}
