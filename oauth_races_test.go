@@ -311,6 +311,14 @@ func TestRefusedTokenReplacedByAnExpiredGrantIsRefreshed(t *testing.T) {
 // lost (SPEC §17). It sets the package hook testingOnlyRename, so it must
 // not run in parallel.
 func TestUnwritableVaultKeepsTheRotatedGrant(t *testing.T) {
+	for _, handEdit := range []bool{false, true} {
+		t.Run(fmt.Sprint("hand edit ", handEdit), func(t *testing.T) { unwritableVaultKeepsTheRotatedGrant(t, handEdit) })
+	}
+}
+
+// unwritableVaultKeepsTheRotatedGrant: the grant kept in memory is written by the next pass that can, unless the
+// operator replaced the credential by hand meanwhile (the file's then wins, and nothing is left to write).
+func unwritableVaultKeepsTheRotatedGrant(t *testing.T, handEdit bool) {
 	var refuseVault atomic.Bool
 	testingOnlyRename = func(oldpath, newpath string) error {
 		if refuseVault.Load() && filepath.Base(newpath) == "vault.json" {
@@ -368,6 +376,17 @@ func TestUnwritableVaultKeepsTheRotatedGrant(t *testing.T) {
 		t.Errorf("a pass while the vault still refuses: %d %s", s, b)
 	}
 
+	if handEdit { // the operator replaces the credential by hand with an API key: the file's wins, nothing to write
+		doc, _, _ := readVault(vaultPath)
+		doc.Subscriptions[id] = vaultCredential{APIKey: "sk-hand-edited-0035"}
+		if err := os.WriteFile(vaultPath, must(marshalState(doc)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if r := readyz(); strings.Contains(r, "rotated OAuth grant") || !strings.Contains(r, `"ready":true`) {
+			t.Errorf("/readyz after the hand edit: %s", r)
+		}
+		return
+	}
 	refuseVault.Store(false)
 	if s, _, b := d.call("POST", "/v1/admin/maintain", d.token, ""); s != 200 {
 		t.Fatalf("maintain: %d %s", s, b)
