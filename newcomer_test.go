@@ -337,3 +337,22 @@ func TestCredentialsAndClientsList(t *testing.T) {
 		}
 	}
 }
+
+// TestUnjournaledWritesNeedNoJournal: a registry write the journal does not record (a deployment) is made while the
+// journal is unusable; one it records (a route) is refused naming it (SPEC §4.4, §9).
+func TestUnjournaledWritesNeedNoJournal(t *testing.T) {
+	env := stateEnv(t)
+	journal := filepath.Join(env["BRAMA_STATE_DIR"], "journal.jsonl")
+	if err := os.MkdirAll(env["BRAMA_STATE_DIR"], 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(journal, nil, 0o644); err != nil { // group-readable: every journal guard refuses it
+		t.Fatal(err)
+	}
+	if _, errOut, code := runCLI(t, env, "", "deployments", "add", "qwen-local", "-port", "11434"); code != 0 {
+		t.Errorf("deployments add with an unusable journal: exit %d, %s", code, errOut)
+	}
+	if _, errOut, code := runCLI(t, env, "", "routes", "set", "chat", "qwen-local"); code == 0 || !strings.Contains(errOut, "journal") {
+		t.Errorf("routes set with an unusable journal: exit %d, %s; want refused naming the journal", code, errOut)
+	}
+}
