@@ -664,6 +664,11 @@ func TestSubscriptionPoolLimit(t *testing.T) {
 	if n := len(readVaultSubs(t, env)); n != maxPoolSize {
 		t.Errorf("the vault holds %d subscriptions after the refusal, want %d", n, maxPoolSize)
 	}
+	// A full pool's credential may still be replaced: the limit is on subscriptions, not on keys.
+	put := `{"api_key":"sk-pool-new-0123456789"}`
+	if s, _, b := d.call("PUT", "/v1/admin/subscriptions/a1/"+first+"/credential", d.token, put); s != 200 {
+		t.Errorf("replacing a credential in a full pool: %d %s, want 200", s, b)
+	}
 	s, b = donate("deepseek", 0)
 	donatedID(t, s, b, "a1", "deepseek")
 	if s, _, b := d.call("DELETE", "/v1/subscriptions/a1/"+first, tok, ""); s != 200 {
