@@ -720,7 +720,6 @@ func TestSignedAnswerTamperedIsNotReplayed(t *testing.T) {
 	}
 }
 
-// TestSignedAnswerKeptAfterAPanicPastACall (SPEC §12 item 3): a request that panics after a provider call started keeps
 // TestSignedAnswerReleasedAfterAPanicBeforeACall (SPEC §12 item 3): a request that panics before any provider call
 // releases its key, so the same request again is dispatched and answered.
 func TestSignedAnswerReleasedAfterAPanicBeforeACall(t *testing.T) {
@@ -740,6 +739,7 @@ func TestSignedAnswerReleasedAfterAPanicBeforeACall(t *testing.T) {
 	}
 }
 
+// TestSignedAnswerKeptAfterAPanicPastACall (SPEC §12 item 3): a request that panics after a provider call started keeps
 // its key as 500 internal_error, so the key sent again is answered that refusal with no call; it never spends twice.
 func TestSignedAnswerKeptAfterAPanicPastACall(t *testing.T) {
 	env := stateEnv(t)

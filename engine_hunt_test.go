@@ -104,10 +104,9 @@ func TestAFailedAnswerPinsNothing(t *testing.T) {
 	}
 }
 
-// TestAPinOnACredentialRefusedSinceIsPassedOver: the pinned subscription's
-// credential refused by a later call leaves the pool; its pin, still live,
-// orders nothing, and the next request is served by the other (SPEC §7.2.2).
-func TestAPinOnACredentialRefusedSinceIsPassedOver(t *testing.T) {
+// pinnedScene is huntScene after one request: a refused for rate, b served and pinned; then a's block ends, so the two
+// are equals but for b's pin. It returns the request's body too.
+func pinnedScene(t *testing.T) (*daemon, *scriptedFake, *testClock, string, string) {
 	d, fake, clock, tok := huntScene(t)
 	body := chatBody(dialectChat, "kimi/k2", false, "")
 	fake.set("key-a", answer429)
@@ -115,7 +114,15 @@ func TestAPinOnACredentialRefusedSinceIsPassedOver(t *testing.T) {
 	if s, _, b := d.call("POST", "/v1/chat/completions", tok, body); s != 200 {
 		t.Fatalf("a blocked, b serves (and is pinned): %d %s", s, b)
 	}
-	clock.advance(121 * time.Second) // a's block is over; b, pinned, goes first
+	clock.advance(121 * time.Second)
+	return d, fake, clock, tok, body
+}
+
+// TestAPinOnACredentialRefusedSinceIsPassedOver: the pinned subscription's
+// credential refused by a later call leaves the pool; its pin, still live,
+// orders nothing, and the next request is served by the other (SPEC §7.2.2).
+func TestAPinOnACredentialRefusedSinceIsPassedOver(t *testing.T) {
+	d, fake, clock, tok, body := pinnedScene(t) // b, pinned, goes first
 	fake.set("key-b", answer401)
 	if s, _, b := d.call("POST", "/v1/chat/completions", tok, body); s != 429 {
 		t.Fatalf("b refused (and marked), a blocked again: %d %s", s, b)
@@ -135,14 +142,7 @@ func TestAPinOnACredentialRefusedSinceIsPassedOver(t *testing.T) {
 // needs_reauthorization meanwhile skips it without a call (SPEC §10.3: such
 // a credential is never called by a request).
 func TestACredentialMarkedDuringAWalkIsNotCalled(t *testing.T) {
-	d, fake, clock, tok := huntScene(t)
-	body := chatBody(dialectChat, "kimi/k2", false, "")
-	fake.set("key-a", answer429)
-	fake.set("key-b", answerOK)
-	if s, _, b := d.call("POST", "/v1/chat/completions", tok, body); s != 200 {
-		t.Fatalf("a blocked, b serves (and is pinned): %d %s", s, b)
-	}
-	clock.advance(121 * time.Second) // both order b (pinned), then a
+	d, fake, _, tok, body := pinnedScene(t) // both order b (pinned), then a
 
 	arrived, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
