@@ -2,7 +2,9 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -219,4 +221,41 @@ func TestServeStartedLogLine(t *testing.T) {
 		}
 	}
 	t.Errorf("no serve_started line in:\n%s", d.stderr.String())
+}
+
+// TestServeRefusesToStartWhenTheFirstClientIsNotKept: a first start whose clients file cannot be written (a full
+// disk at the rename) ends serve with the error: no token is printed for a client that was never kept, and serve
+// never listens for requests no bearer could make.
+func TestServeRefusesToStartWhenTheFirstClientIsNotKept(t *testing.T) {
+	env := stateEnv(t)
+	testingOnlyRename = func(oldpath, newpath string) error {
+		if filepath.Base(newpath) == "clients.json" {
+			return &os.LinkError{Op: "rename", Old: oldpath, New: newpath, Err: syscall.ENOSPC}
+		}
+		return os.Rename(oldpath, newpath)
+	}
+	defer func() { testingOnlyRename = nil }()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pr, pw := io.Pipe()
+	stderr, done := &syncBuffer{}, make(chan error, 1)
+	go func() {
+		err := run(ctx, nil, []string{"serve", "-addr", "127.0.0.1:0"}, testEnv(env), strings.NewReader(""), pw, stderr)
+		pw.Close()
+		done <- err
+	}()
+	if line, _ := bufio.NewReader(pr).ReadString('\n'); line != "" {
+		cancel()
+		<-done
+		t.Fatalf("serve started (%q) though its first client was not kept; stderr:\n%s", line, stderr.String())
+	}
+	if err := <-done; err == nil || !strings.Contains(err.Error(), "no space left on device") {
+		t.Errorf("serve returned %v, want the clients file's write error", err)
+	}
+	if strings.Contains(stderr.String(), "bearer token") {
+		t.Errorf("a token was printed for a client that was not kept:\n%s", stderr.String())
+	}
+	if _, err := os.Stat(filepath.Join(env["BRAMA_STATE_DIR"], "clients.json")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("clients.json after the failed write: %v", err)
+	}
 }
