@@ -350,6 +350,11 @@ func TestCredentialPutJournalsItsOutcome(t *testing.T) {
 		}, status: 503, code: "dependency_unavailable", msg: id + " was stored, but the journal refused the sign-in: journal " + journalPath +
 			" has mode 0640; it must not be readable or writable by group or other (chmod 600)",
 			vaultKey: "sk-put-3-0123456789", level: "WARN"},
+		{name: "both refuse", key: "sk-put-4-0123456789", rename: func(string, string) error {
+			os.Chmod(journalPath, 0o640) // the journal was ready before the write; its append after the failure refuses
+			return errors.New("injected rename failure")
+		}, status: 503, code: "dependency_unavailable", msg: "injected rename failure", // the write's refusal, never "was stored"
+			vaultKey: "sk-put-3-0123456789", level: "WARN"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -385,6 +390,33 @@ func TestCredentialPutJournalsItsOutcome(t *testing.T) {
 				t.Errorf("this call's subscription_sign_in log lines = %v, want one at level %s for %s", lines, tc.level, id)
 			}
 		})
+	}
+}
+
+// TestFailedSignInDonationJournalsNothing: a sign-in that would donate a new subscription and fails on Brama's side
+// (the vault refuses the write) replaced no grant: it journals no subscription_sign_in and logs none (SPEC §9's
+// "a sign-in replaced (or failed to replace) a grant"), and the vault holds nothing of it.
+func TestFailedSignInDonationJournalsNothing(t *testing.T) {
+	env := stateEnv(t)
+	d := startDaemon(t, env, "")
+	journalPath := filepath.Join(env["BRAMA_STATE_DIR"], "journal.jsonl")
+	if err := os.WriteFile(journalPath, nil, 0o600); err != nil { // empty: opJournal reads it
+		t.Fatal(err)
+	}
+	testingOnlyRename = func(string, string) error { return errors.New("injected rename failure") }
+	s, _, b := d.call("POST", "/v1/admin/subscriptions/a1?via=sign-in", d.token, `{"provider":"kimi","api_key":"sk-signin-fails-0123456789"}`)
+	testingOnlyRename = nil
+	if s != 503 || envelopeOf(t, b)["message"] != "injected rename failure" {
+		t.Errorf("%d %s, want 503 naming the failed write", s, b)
+	}
+	if recs := opJournal(t, env, "subscription_sign_in"); len(recs) != 0 {
+		t.Errorf("a failed donation journaled %+v", recs)
+	}
+	if lines := signInLogLines(t, d.stderr.String()); len(lines) != 0 {
+		t.Errorf("a failed donation logged %v", lines)
+	}
+	if subs := readVaultSubs(t, env); len(subs) != 0 {
+		t.Errorf("the vault holds %v after a failed donation", subs)
 	}
 }
 
