@@ -270,6 +270,15 @@ func TestInventoryListingCache(t *testing.T) {
 	if n := len(journalRecords(t, j)); n != 3 {
 		t.Errorf("journal has %d lines, want 3 (retire elsewhere, reinstate, retire)", n)
 	}
+	// A clock stepped back (an NTP correction) is no age inside the TTL: the listing is read again.
+	statuses()
+	if err := other.append(journalRecord{Kind: "reinstate", SubscriptionID: a.ID, Reason: "elsewhere"}); err != nil {
+		t.Fatal(err)
+	}
+	clock.advance(-time.Hour)
+	if got := statuses(); got != "active,active" {
+		t.Errorf("listing after the clock stepped back = %q, want the journal's active,active", got)
+	}
 }
 
 // journalRecords reads every record of j.
