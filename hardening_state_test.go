@@ -104,6 +104,10 @@ func TestServeRemovesCrashLeftovers(t *testing.T) {
 	if out, errOut, code := runCLI(t, env, "", "subscription", "prune-orphans", "-gateway", d.url); code != 0 || out != "removed 1 orphaned credential(s) from the vault: "+orphan+"\n" {
 		t.Errorf("prune-orphans: exit %d %q %s", code, out, errOut)
 	}
+	// A second prune finds none: it answers an empty list, logs nothing and writes nothing.
+	if s, _, b := d.call("POST", "/v1/admin/vault/prune-orphans", d.token, ""); s != 200 || string(b) != `{"ok":true,"removed":[]}`+"\n" {
+		t.Errorf("prune-orphans with none left: %d %s, want 200 removing []", s, b)
+	}
 	d.stop()
 	if left := staleTemps(t, dir); len(left) != 0 {
 		t.Errorf("stale temporary files left: %v", left)
@@ -123,8 +127,8 @@ func TestServeRemovesCrashLeftovers(t *testing.T) {
 	if !strings.Contains(logs, `"msg":"vault_orphans_unremoved","count":1,`) || strings.Count(logs, "vault_orphans_unremoved") != 1 {
 		t.Errorf("no one vault_orphans_unremoved line counting 1 in:\n%s", logs)
 	}
-	if !strings.Contains(logs, `"msg":"vault_orphans_removed","count":1,"subscription_ids":"`+orphan+`"`) {
-		t.Errorf("no vault_orphans_removed line naming %s in:\n%s", orphan, logs)
+	if !strings.Contains(logs, `"msg":"vault_orphans_removed","count":1,"subscription_ids":"`+orphan+`"`) || strings.Count(logs, "vault_orphans_removed") != 1 {
+		t.Errorf("no one vault_orphans_removed line naming %s in:\n%s", orphan, logs)
 	}
 	assertNoSecret(t, plantedStaleSecret, logs, dir)
 }
@@ -355,6 +359,10 @@ func TestServeKeepsTheSubscriptionsOfAVaultElsewhere(t *testing.T) {
 	d := startDaemon(t, first, "")
 	status, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, `{"provider":"kimi","api_key":"plantedKimiKeyElsewhere"}`)
 	id := donatedID(t, status, b, "a1", "kimi")
+	// This state directory's overlay names every credential: there is nothing to prune, wherever the vault lies.
+	if s, _, b := d.call("POST", "/v1/admin/vault/prune-orphans", d.token, ""); s != 200 || string(b) != `{"ok":true,"removed":[]}`+"\n" {
+		t.Errorf("prune-orphans with no orphan, vault elsewhere: %d %s, want 200 removing []", s, b)
+	}
 	d.stop()
 
 	second := stateEnv(t) // a new state directory beside the same vault
