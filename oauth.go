@@ -254,7 +254,7 @@ func readTokenAnswer(endpoint string, status int, body []byte, readErr error, se
 		re.Definitive, re.Err = true, errTokenRefused
 		re.Sentence = cmp.Or(quote(ans.Description), quote(ans.Error),
 			fmt.Sprintf("the token endpoint answered %d %s", status, http.StatusText(status)))
-	case ans.Error != "" && oauthErrorCode.MatchString(ans.Error):
+	case oauthErrorCode.MatchString(ans.Error): // not empty
 		re.Err = fmt.Errorf("%w: %s", errTokenRefused, quote(ans.Error))
 	case ans.Error != "":
 		re.Err = errTokenRefused

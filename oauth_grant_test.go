@@ -77,11 +77,51 @@ func TestFillGrant(t *testing.T) {
 		{"claude-code takes no account id", "claude-code", oauthGrant{AccessToken: "opaque", IDToken: idToken},
 			oauthGrant{AccessToken: "opaque", IDToken: idToken}},
 		{"not a JWT", "codex", oauthGrant{AccessToken: "a.b.c", IDToken: "x"}, oauthGrant{AccessToken: "a.b.c", IDToken: "x"}},
+		{"an exp past year 5138 is unknown", "claude-code", oauthGrant{AccessToken: testJWT(map[string]any{"exp": 1e11 + 1})},
+			oauthGrant{AccessToken: testJWT(map[string]any{"exp": 1e11 + 1})}},
+		{"an exp before 1970 is unknown", "claude-code", oauthGrant{AccessToken: testJWT(map[string]any{"exp": -5})},
+			oauthGrant{AccessToken: testJWT(map[string]any{"exp": -5})}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			if diff := cmp.Diff(tc.want, fillGrant(tc.provider, tc.in)); diff != "" {
 				t.Errorf("fillGrant (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestReadTokenAnswer sorts token answers: an expires_in outside 1 s to 100 years is unknown (0), a grant needs a 2xx,
+// and an error is quoted only when it is a code (RFC 6749 §5.2's short words): prose might carry a secret.
+func TestReadTokenAnswer(t *testing.T) {
+	tests := []struct {
+		name    string
+		status  int
+		body    string
+		expires int64  // the answer's ExpiresIn, when accepted
+		err     error  // the class of the refusal; nil: accepted
+		msg     string // the refusal's text ends so
+	}{
+		{"an hour", 200, `{"access_token":"a","expires_in":3600}`, 3600, nil, ""},
+		{"a hundred years", 200, `{"access_token":"a","expires_in":3153600000}`, 3153600000, nil, ""},
+		{"zero is unknown", 200, `{"access_token":"a","expires_in":0}`, 0, nil, ""},
+		{"negative is unknown", 200, `{"access_token":"a","expires_in":-60}`, 0, nil, ""},
+		{"past a hundred years is unknown", 200, `{"access_token":"a","expires_in":3153600001}`, 0, nil, ""},
+		{"a token in a 5xx is no grant", 500, `{"access_token":"a","expires_in":3600}`, 0, errTokenMalformed,
+			"no 2xx JSON object with an access_token free of control characters"},
+		{"a token in a 400 is no grant", 400, `{"access_token":"a"}`, 0, errTokenMalformed,
+			"no 2xx JSON object with an access_token free of control characters"},
+		{"an error code is quoted", 400, `{"error":"slow_down"}`, 0, errTokenRefused, "answered with an error: slow_down"},
+		{"prose is not", 400, `{"error":"the token sk-prose-secret was refused"}`, 0, errTokenRefused, "answered with an error"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ans, err := readTokenAnswer("https://e/t", tc.status, []byte(tc.body), nil)
+			if !errors.Is(err, tc.err) || tc.err == nil && err != nil || err != nil && !strings.HasSuffix(err.Error(), tc.msg) {
+				t.Fatalf("error %v, want %v ending %q", err, tc.err, tc.msg)
+			}
+			if tc.err == nil && ans.ExpiresIn != tc.expires {
+				t.Errorf("expires_in read as %d, want %d", ans.ExpiresIn, tc.expires)
 			}
 		})
 	}

@@ -142,21 +142,27 @@ func TestRefreshSupersededBySignInServesWithTheNewGrant(t *testing.T) {
 		discarded = "acc-PLANTED-discarded-0023"
 		rotated   = "ref-PLANTED-rotated-0024"
 	)
+	grant := `{"oauth":{"access_token":"` + signedIn + `","refresh_token":"` + signedRef + `","expires_at_ms":` +
+		strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10) + `}}`
+	succeeds := func(w http.ResponseWriter) {
+		io.WriteString(w, `{"access_token":"`+discarded+`","refresh_token":"`+rotated+`","expires_in":3600}`)
+	}
 	tests := []struct {
 		name   string
 		answer func(w http.ResponseWriter)
+		put    string // the credential signed in meanwhile
+		kept   string // what the vault must hold of it
 	}{
-		{"refresh succeeds", func(w http.ResponseWriter) {
-			io.WriteString(w, `{"access_token":"`+discarded+`","refresh_token":"`+rotated+`","expires_in":3600}`)
-		}},
+		{"refresh succeeds", succeeds, grant, signedRef},
 		{"refresh refused", func(w http.ResponseWriter) {
 			http.Error(w, `{"error":"invalid_grant","error_description":"refresh token revoked"}`, 400)
-		}},
+		}, grant, signedRef},
+		{"replaced by an API key", succeeds, `{"api_key":"` + signedIn + `"}`, signedIn}, // no grant left to compare
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			provider := newFakeProvider(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
-				if r.Header.Get("Authorization") != "Bearer "+signedIn {
+				if r.Header.Get("Authorization") != "Bearer "+signedIn && r.Header.Get("x-api-key") != signedIn {
 					http.Error(w, `{"type":"error","error":{"type":"authentication_error","message":"unknown token"}}`, 401)
 					return
 				}
@@ -178,9 +184,7 @@ func TestRefreshSupersededBySignInServesWithTheNewGrant(t *testing.T) {
 				done <- b
 			}()
 			<-onWire
-			put := `{"oauth":{"access_token":"` + signedIn + `","refresh_token":"` + signedRef + `","expires_at_ms":` +
-				strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10) + `}}`
-			if s, _, b := d.call("PUT", "/v1/admin/subscriptions/a1/"+id+"/credential", d.token, put); s != 200 {
+			if s, _, b := d.call("PUT", "/v1/admin/subscriptions/a1/"+id+"/credential", d.token, tc.put); s != 200 {
 				t.Fatalf("PUT credential: %d %s", s, b)
 			}
 			close(release)
@@ -191,7 +195,7 @@ func TestRefreshSupersededBySignInServesWithTheNewGrant(t *testing.T) {
 				t.Errorf("credential state = %q, want active (the sign-in's)", got)
 			}
 			vault, _ := os.ReadFile(filepath.Join(d.env["BRAMA_STATE_DIR"], "vault.json"))
-			if !strings.Contains(string(vault), signedRef) || strings.Contains(string(vault), rotated) {
+			if !strings.Contains(string(vault), tc.kept) || strings.Contains(string(vault), rotated) {
 				t.Errorf("the vault does not hold the signed-in grant alone:\n%s", vault)
 			}
 			logs := logsBesidesFirstStart(d.stderr.String())
