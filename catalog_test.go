@@ -554,6 +554,9 @@ func TestCatalogCache(t *testing.T) {
 			if n, cause := outputLimit(fresh, "codex", "gpt-5"); n != 128000 {
 				t.Errorf("outputLimit from the cache = %d, %q; want 128000", n, cause)
 			}
+			if now, _ := os.ReadFile(name); !bytes.Equal(now, b) { // a failed read never replaces the last good copy
+				t.Errorf("the cache after %s = %.200s, want the last good read's", tt.name, now)
+			}
 		})
 	}
 
@@ -621,6 +624,9 @@ func TestCatalogNoStateDir(t *testing.T) {
 	}
 	if cause, _ := lines[0]["cause"].(string); !strings.Contains(cause, "$HOME is not defined") {
 		t.Errorf("cause %q does not name the home cause", cause)
+	}
+	if n := len(logs.lines(t, "model_metadata_cache_write_failed")); n != 0 { // a cache with no place is not written
+		t.Errorf("%d model_metadata_cache_write_failed lines, want none", n)
 	}
 }
 
