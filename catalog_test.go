@@ -197,6 +197,8 @@ func TestParseCatalog(t *testing.T) {
 		{name: "no models", in: `{"a":{"id":"a"}}`, want: catalogData{"a": {map[string]modelInfo{}}}},
 		{name: "a vendor named empty is left out (a provider without a vendor lists none)", in: `{"":{"models":{"m":{}}}}`, want: catalogData{}},
 		{name: "models not an object", in: `{"a":{"models":[1,2]}}`, want: catalogData{"a": {map[string]modelInfo{}}}},
+		{name: "a model named empty is left out", in: `{"a":{"models":{"":{"limit":{"output":5}},"m":{}}}}`,
+			want: catalogData{"a": {map[string]modelInfo{"m": {ID: "m"}}}}},
 		{
 			name: "all fields, unknown ones ignored",
 			in:   `{"a":{"id":"a","extra":{"x":1},"models":{"m":{"id":"other","cost":{"input":1},"release_date":"2025-01-02","limit":{"context":1000,"output":100,"input":5},"modalities":{"input":["text","image"],"output":["text"]}}}}}`,
