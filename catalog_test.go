@@ -541,17 +541,18 @@ func TestCatalogCache(t *testing.T) {
 	tests := []struct {
 		name  string
 		env   map[string]string
-		start bool
+		reads int // source reads settled: serve starts the catalogue either way, and "off" reads nothing
 	}{
 		{name: "off", env: map[string]string{"BRAMA_MODEL_CATALOG_URL": "off"}},
-		{name: "failing URL", env: map[string]string{"BRAMA_MODEL_CATALOG_URL": failing.srv.URL}, start: true},
+		{name: "failing URL", env: map[string]string{"BRAMA_MODEL_CATALOG_URL": failing.srv.URL}, reads: 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			fresh := newCatalog(st, catalogEnv(tt.env), failing.srv.Client(), quietLog(), newCatalogClock().now)
-			if tt.start {
-				wait, _ := startCatalog(t, fresh)
-				wait()
+			var logs catalogLogs
+			fresh := newCatalog(st, catalogEnv(tt.env), failing.srv.Client(), logs.logger(), newCatalogClock().now)
+			wait, _ := startCatalog(t, fresh)
+			if wait(); logs.reads(t) != tt.reads {
+				t.Errorf("%d source reads, want %d:\n%s", logs.reads(t), tt.reads, logs.buf.String())
 			}
 			if n, cause := outputLimit(fresh, "codex", "gpt-5"); n != 128000 {
 				t.Errorf("outputLimit from the cache = %d, %q; want 128000", n, cause)
@@ -627,8 +628,10 @@ func TestCatalogNoStateDir(t *testing.T) {
 	if cause, _ := lines[0]["cause"].(string); !strings.Contains(cause, "$HOME is not defined") {
 		t.Errorf("cause %q does not name the home cause", cause)
 	}
-	if n := len(logs.lines(t, "model_metadata_cache_write_failed")); n != 0 { // a cache with no place is not written
-		t.Errorf("%d model_metadata_cache_write_failed lines, want none", n)
+	for _, event := range []string{"model_metadata_cache_write_failed", "model_metadata_cache_unreadable"} { // it has no place
+		if n := len(logs.lines(t, event)); n != 0 {
+			t.Errorf("%d %s lines, want none", n, event)
+		}
 	}
 }
 
@@ -744,6 +747,9 @@ func TestCatalogURLFailureQuotesNoQuery(t *testing.T) {
 				_, _, body = d.call("GET", "/readyz", "", "")
 			}
 			d.stop()
+			if strings.Contains(string(body), "HTTP status") { // no answer came: the transport's cause is named, no status
+				t.Errorf("/readyz names a status for a read that got none: %s", body)
+			}
 			assertNoSecret(t, planted, string(body)+d.stderr.String(), env["BRAMA_STATE_DIR"])
 		})
 	}
