@@ -39,17 +39,18 @@ func TestPerfRecord(t *testing.T) {
 	p.record("anthropic/claude-sonnet-4-5", true, 2*time.Second, 100)
 	p.record("anthropic/claude-sonnet-4-5", false, 500*time.Millisecond, 0)
 	p.record("openai/gpt-5", true, 250*time.Millisecond, 50)
-	p.record("openai/gpt-5", true, 0, 10) // unmeasurable speed keeps the last one
+	p.record("openai/gpt-5", true, 0, 10)          // unmeasurable speed keeps the last one
+	p.record("openai/gpt-5", true, time.Second, 0) // so does an answer of no tokens
 	want := map[string]perfEntry{
 		"anthropic/claude-sonnet-4-5": {Count: 2, Failures: 1, TotalLatencyMs: 2500, LastLatencyMs: 500, OutputTokens: 100, LastTokensPerS: 50},
-		"openai/gpt-5":                {Count: 2, TotalLatencyMs: 250, LastLatencyMs: 0, OutputTokens: 60, LastTokensPerS: 200},
+		"openai/gpt-5":                {Count: 3, TotalLatencyMs: 1250, LastLatencyMs: 1000, OutputTokens: 60, LastTokensPerS: 200},
 	}
 	if diff := cmp.Diff(want, p.snapshot()); diff != "" {
 		t.Errorf("snapshot mismatch (-want +got):\n%s", diff)
 	}
 	snap := p.snapshot()
 	snap["openai/gpt-5"] = perfEntry{}
-	if p.snapshot()["openai/gpt-5"].Count != 2 {
+	if p.snapshot()["openai/gpt-5"].Count != 3 {
 		t.Error("snapshot shares memory with the registry")
 	}
 }
