@@ -247,7 +247,7 @@ func TestWriteMetrics(t *testing.T) {
 		"anthropic/claude-sonnet-4-5": {Count: 1},
 		weird:                         {Count: 2, LastTokensPerS: math.Inf(1)},
 	}
-	extra := map[string]float64{"brama_attempts_total": 7, "brama_journal_bytes": 4096, "bad name": 1, "brama_route_requests_total": 424242}
+	extra := map[string]float64{"brama_attempts_total": 7, "brama_journal_bytes": 4096, "bad name": 1, "brama_route_requests_total": 424242, "brama_huge": 1e20}
 	var b strings.Builder
 	writeMetrics(&b, perf, extra)
 	out := b.String()
@@ -297,6 +297,7 @@ func TestWriteMetrics(t *testing.T) {
 		{"infinity", "brama_route_last_tokens_per_second", weird, "+Inf"},
 		{"extra counter", "brama_attempts_total", "", "7"},
 		{"extra gauge", "brama_journal_bytes", "", "4096"},
+		{"a whole number past 1e15 as %g", "brama_huge", "", "1e+20"},
 	}
 	for _, c := range checks {
 		if got := values[c.metric][c.route]; got != c.want {
