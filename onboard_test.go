@@ -68,6 +68,23 @@ func TestOnboardJourney(t *testing.T) {
 		{name: "no credential", setup: func(t *testing.T) { addClient(t, env, "local", "-admin") }, code: 1,
 			out:       "done state-directory\ndone client\nnext: brama credentials set <provider>\n",
 			wantSteps: []string{"state-directory", "client"}},
+		{name: "a named route with no payer at all names its provider", args: []string{"-model", "anthropic/claude-test"}, code: 1,
+			out: "done state-directory\ndone client\nnext: brama credentials set anthropic\n", errHas: "no direct credential",
+			wantSteps: []string{"state-directory", "client"}},
+		{name: "a deployment by its bare name", setup: func(t *testing.T) {
+			if _, errOut, code := runCLI(t, env, "", "deployments", "add", "qwen", "-port", "11434"); code != 0 {
+				t.Fatal(errOut)
+			}
+		}, args: []string{"-model", "qwen"}, code: 0, // SPEC §14: -model names a deployment, called as local-openai/qwen; no key needed
+			out:       "done state-directory\ndone client\ndone route\nnext: brama onboard -model qwen -allow-provider-cost\n",
+			wantSteps: []string{"state-directory", "client", "route"}},
+		{name: "an alias named like a deployment is the alias", setup: func(t *testing.T) {
+			if _, errOut, code := runCLI(t, env, "", "routes", "set", "qwen", "anthropic/claude-test"); code != 0 {
+				t.Fatal(errOut)
+			}
+		}, args: []string{"-model", "qwen"}, code: 1,
+			out: "done state-directory\ndone client\n", errHas: `alias "qwen" cannot serve: No direct anthropic credential`,
+			wantSteps: []string{"state-directory", "client", "route"}},
 		{name: "stops before the billable step", setup: func(t *testing.T) {
 			if _, errOut, code := runCLI(t, env, plantedOpenAIKey+"\n", "credentials", "set", "openai"); code != 0 {
 				t.Fatal(errOut)
@@ -76,13 +93,6 @@ func TestOnboardJourney(t *testing.T) {
 			wantSteps: []string{"state-directory", "client", "route"}},
 		{name: "a model without permission", args: []string{"-model", "openai/gpt-test"}, code: 0,
 			out:       "done state-directory\ndone client\ndone route\nnext: brama onboard -model openai/gpt-test -allow-provider-cost\n",
-			wantSteps: []string{"state-directory", "client", "route"}},
-		{name: "a deployment by its bare name", setup: func(t *testing.T) {
-			if _, errOut, code := runCLI(t, env, "", "deployments", "add", "qwen", "-port", "11434"); code != 0 {
-				t.Fatal(errOut)
-			}
-		}, args: []string{"-model", "qwen"}, code: 0, // SPEC §14: -model names a deployment, called as local-openai/qwen
-			out:       "done state-directory\ndone client\ndone route\nnext: brama onboard -model qwen -allow-provider-cost\n",
 			wantSteps: []string{"state-directory", "client", "route"}},
 		{name: "permission without a model", args: []string{"-allow-provider-cost"}, code: 0,
 			out:       "done state-directory\ndone client\ndone route\n" + billable,
@@ -199,4 +209,18 @@ func FuzzParseOnboarding(f *testing.F) {
 			t.Fatalf("round trip changed the progress:\n%s\n%s", enc, enc2)
 		}
 	})
+}
+
+// TestOnboardWithAnInvalidRegistry: a -model that the invalid registry cannot resolve ends onboarding at the route step,
+// naming the registry, with no call.
+func TestOnboardWithAnInvalidRegistry(t *testing.T) {
+	env := stateEnv(t)
+	addClient(t, env, "local", "-admin")
+	if err := os.WriteFile(filepath.Join(env["BRAMA_STATE_DIR"], "routes.json"), []byte(`{"schema_version":1,`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := runCLI(t, env, "", "onboard", "-model", "qwen", "-allow-provider-cost")
+	if code != 1 || out != "done state-directory\ndone client\n" || !strings.Contains(errOut, "the route registry is invalid") {
+		t.Errorf("exit %d, stdout %q, stderr %q; want exit 1 after the client step naming the invalid registry", code, out, errOut)
+	}
 }
