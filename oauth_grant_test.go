@@ -23,6 +23,8 @@ func TestTokenURLOverride(t *testing.T) {
 		{"http loopback", "claude-code", "http://127.0.0.1:9/t", "http://127.0.0.1:9/t", true},
 		{"http remote refused", "codex", "http://auth.example/token", "", false},
 		{"query refused", "codex", "https://auth.example/token?x=1", "", false},
+		{"empty query refused", "codex", "https://auth.example/token?", "", false},
+		{"fragment refused", "codex", "https://auth.example/token#f", "", false},
 		{"user info refused", "codex", "https://u:p@auth.example/token", "", false},
 	}
 	for _, tc := range tests {

@@ -115,6 +115,9 @@ func TestOnboardJourney(t *testing.T) {
 		{name: "complete stays complete", code: 0,
 			out:       "done state-directory\ndone client\ndone route\ndone answer\n",
 			wantSteps: []string{"state-directory", "client", "route", "answer"}},
+		{name: "a model named after completion is called again", args: []string{"-model", "openai/gpt-test", "-allow-provider-cost"}, code: 0,
+			out: "done state-directory\ndone client\ndone route\ndone answer\n", calls: 1,
+			wantSteps: []string{"state-directory", "client", "route", "answer"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
