@@ -171,36 +171,6 @@ func TestServeRefusesABadAddr(t *testing.T) {
 	}
 }
 
-// TestServeRefusesBadLocalCredentials: -local-credentials-stdin takes one JSON object of direct providers' API keys;
-// anything else ends serve with exit 1 naming what is wrong, before it listens, and never quoting a key.
-func TestServeRefusesBadLocalCredentials(t *testing.T) {
-	const planted = "sk-planted-local-0123456789"
-	for _, tc := range []struct{ name, stdin, why string }{
-		{"null", `null`, "-local-credentials-stdin: not a JSON object"},
-		{"an array", `["` + planted + `"]`, "-local-credentials-stdin"},
-		{"two objects", `{"openai":"` + planted + `"} {"anthropic":"` + planted + `"}`, "-local-credentials-stdin"},
-		{"an unknown provider", `{"nobody":"` + planted + `"}`, `"nobody" is not a provider that takes a direct API key`},
-		{"a subscription provider", `{"claude-code":"` + planted + `"}`, `"claude-code" is not a provider that takes a direct API key`},
-		{"an empty key", `{"openai":"  "}`, `the API key for "openai" is empty or not one line of printable text`},
-		{"a key of two lines", `{"openai":"` + planted + `\n` + planted + `"}`, `the API key for "openai" is empty or not one line`},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			stdout := &cancelOnWrite{cancel: cancel}
-			var stderr bytes.Buffer
-			err := run(ctx, nil, []string{"serve", "-addr", "127.0.0.1:0", "-local-credentials-stdin"}, testEnv(stateEnv(t)),
-				strings.NewReader(tc.stdin), stdout, &stderr)
-			if code := exitCode(err, &stderr); code != 1 || stdout.String() != "" || !strings.Contains(stderr.String(), tc.why) {
-				t.Errorf("exit %d, stdout %q, stderr %q; want exit 1 naming %q", code, stdout.String(), stderr.String(), tc.why)
-			}
-			if strings.Contains(stderr.String(), planted) {
-				t.Errorf("the refusal quotes the key: %s", stderr.String())
-			}
-		})
-	}
-}
-
 // TestServeOnAPortInUse: the listener's refusal is exit 1 naming it (README).
 func TestServeOnAPortInUse(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -283,8 +253,12 @@ func TestLocalCredentialsRefuseABlankKey(t *testing.T) {
 			t.Errorf("credentials set with stdin %q: exit %d, stderr %q; want exit 1 saying %q", stdin, code, errOut, want)
 		}
 	}
+	const planted = "sk-planted-local-0123456789" // no refusal quotes a key
 	for stdin, want := range map[string]string{`{"openai":""}`: "empty", `{"openai":"k","anthropic":" \t"}`: "empty", "null": "JSON object",
-		`{"openai":"sk-a\u0000b"}`: "printable"} {
+		`{"openai":"sk-a\u0000b"}`: "printable", `["` + planted + `"]`: "cannot unmarshal",
+		`{"openai":"` + planted + `"} {"anthropic":"` + planted + `"}`: "data after the JSON document",
+		`{"nobody":"` + planted + `"}`:                                 `"nobody" is not a provider that takes a direct API key`,
+		`{"claude-code":"` + planted + `"}`:                            `"claude-code" is not a provider that takes a direct API key`} {
 		ctx, cancel := context.WithCancel(context.Background())
 		stdout := &cancelOnWrite{cancel: cancel} // a serve that listens ends at once
 		var stderr bytes.Buffer
@@ -294,6 +268,9 @@ func TestLocalCredentialsRefuseABlankKey(t *testing.T) {
 		out, errOut := stdout.String(), stderr.String()
 		if code != 1 || out != "" || !strings.Contains(errOut, "-local-credentials-stdin") || !strings.Contains(errOut, want) {
 			t.Errorf("stdin %s: exit %d, stdout %q, stderr %q; want exit 1 saying %q", stdin, code, out, errOut, want)
+		}
+		if strings.Contains(errOut, planted) {
+			t.Errorf("stdin %s: the refusal quotes the key: %s", stdin, errOut)
 		}
 	}
 }
