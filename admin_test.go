@@ -152,6 +152,10 @@ func TestMigrateCLI(t *testing.T) {
 	if !strings.Contains(jsonOut, `"ok":true`) || !strings.Contains(jsonOut, `"dropped":[]`) {
 		t.Errorf("-json after migration: %s", jsonOut)
 	}
+	// -file needs no state directory: with none, the named file is migrated all the same.
+	if out, errOut, code := runCLI(t, map[string]string{}, "", "routes", "migrate", "-file", path); code != 0 || out != out1 {
+		t.Errorf("migrate -file with no state directory: exit %d, %q %q; want exit 0 printing the document", code, out, errOut)
+	}
 
 	t.Run("group-readable", func(t *testing.T) {
 		os.Chmod(path, 0o640)

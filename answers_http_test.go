@@ -190,6 +190,10 @@ func TestSignedAnswerOneSpend(t *testing.T) {
 			}
 		})
 	}
+	// Another state directory has no answer key: verify says so, not "signature mismatch".
+	if out, errOut, code := runCLI(t, stateEnv(t), "", "answers", "verify", kept); code != 1 || !strings.Contains(errOut, "answer key") {
+		t.Errorf("verify without an answer key: exit %d, %q %q; want exit 1 naming the answer key", code, out, errOut)
+	}
 }
 
 func TestSignedAnswerConcurrent(t *testing.T) {

@@ -253,6 +253,9 @@ func TestLocalCredentialsRefuseABlankKey(t *testing.T) {
 			t.Errorf("credentials set with stdin %q: exit %d, stderr %q; want exit 1 saying %q", stdin, code, errOut, want)
 		}
 	}
+	if _, errOut, code := runCLI(t, env, "sk-x\n", "credentials", "set", "claude-code"); code != 1 || !strings.Contains(errOut, `"claude-code" is not a provider that takes a direct API key`) {
+		t.Errorf("credentials set for a subscription provider: exit %d, stderr %q; want exit 1 naming the rule", code, errOut)
+	}
 	const planted = "sk-planted-local-0123456789" // no refusal quotes a key
 	for stdin, want := range map[string]string{`{"openai":""}`: "empty", `{"openai":"k","anthropic":" \t"}`: "empty", "null": "JSON object",
 		`{"openai":"sk-a\u0000b"}`: "printable", `["` + planted + `"]`: "cannot unmarshal",

@@ -124,8 +124,10 @@ func TestMaintainOverHTTP(t *testing.T) {
 	if _, errOut, code := runCLI(t, env, "", "maintain", "-gateway", d.url); code != 1 || !strings.Contains(errOut, "no bearer token") {
 		t.Errorf("no token: exit %d %s", code, errOut)
 	}
-	if _, errOut, code := runCLI(t, env, "not-a-token\n", "maintain", "-gateway", d.url); code != 1 || !strings.Contains(errOut, "unauthenticated") {
-		t.Errorf("bad token: exit %d %s", code, errOut)
+	for _, args := range [][]string{{"maintain"}, {"maintain", "-json"}} {
+		if out, errOut, code := runCLI(t, env, "not-a-token\n", append(args, "-gateway", d.url)...); code != 1 || out != "" || !strings.Contains(errOut, "unauthenticated") {
+			t.Errorf("bad token, %v: exit %d %q %s", args, code, out, errOut)
+		}
 	}
 	logs := logsBesidesFirstStart(d.stderr.String())
 	for _, secret := range []string{"plantedKimiKey", "plantedAccessCC", "plantedRefreshCC", "renewedAccess", "renewedRefresh"} {
