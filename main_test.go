@@ -175,6 +175,7 @@ func TestVersionTakesNoArguments(t *testing.T) {
 	}{
 		{args: []string{"version"}, code: 0, stdout: "brama " + version + "\n"},
 		{args: []string{"-version"}, code: 0, stdout: "brama " + version + "\n"},
+		{args: []string{"--version"}, code: 0, stdout: "brama " + version + "\n"},
 		{args: []string{"version", "-h"}, code: 0, stdout: "usage: brama version"},
 		{args: []string{"version", "extra"}, code: 2, stderr: "brama version: want no arguments; see brama version -h"},
 		{args: []string{"version", "-json"}, code: 2, stderr: "flag provided but not defined: -json"},
