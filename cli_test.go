@@ -259,6 +259,9 @@ func TestCLIGatewayAnswers(t *testing.T) {
 	}{
 		{404, "<html>Not Found</html>", "brama: the gateway answered 404 unknown: not what Brama's GET /v1/admin/subscriptions/a1 answers\n"},
 		{200, `[1,2]`, "brama: the gateway answered 200 unknown: not what Brama's GET /v1/admin/subscriptions/a1 answers\n"},
+		{502, `{"message":"upstream connect error"}`, "brama: the gateway answered 502 unknown: not what Brama's GET /v1/admin/subscriptions/a1 answers\n"},
+		{200, `{"error":{"code":"x","message":"a 2xx of another shape"},"subscriptions":7}`,
+			"brama: the gateway answered 200 unknown: not what Brama's GET /v1/admin/subscriptions/a1 answers\n"},
 		{503, `{"error":{"code":"dependency_unavailable","message":"the vault is unreadable"}}`,
 			"brama: the gateway answered 503 dependency_unavailable: the vault is unreadable\n"},
 	} {
