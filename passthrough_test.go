@@ -271,21 +271,24 @@ func TestPassthroughClaudeCodeOAuth(t *testing.T) {
 	tok := addClient(t, env, "a1-app", "-agent", "a1")
 	donateGrant(t, d, access, "oauth-refresh-passthrough-0123", time.Now().Add(time.Hour).UnixMilli())
 	ident := `{"text":"You are Claude Code, Anthropic's official CLI for Claude.","type":"text"}`
+	const fine = "fine-grained-tool-streaming-2025-05-14"
 	tests := []struct {
 		name, system, wantSystem string
+		beta, wantBeta           string // the caller's anthropic-beta, and the provider's: the caller's and Brama's, each once
 	}{
-		{"no system", ``, `"system":[` + ident + `]`},
-		{"string", `"system":"Answer in French.",`, `"system":[` + ident + `,{"text":"Answer in French.","type":"text"}],`},
+		{"no system", ``, `"system":[` + ident + `]`, fine, fine + ",oauth-2025-04-20"},
+		{"string", `"system":"Answer in French.",`, `"system":[` + ident + `,{"text":"Answer in French.","type":"text"}],`, fine, fine + ",oauth-2025-04-20"},
 		{"blocks with cache_control", `"system":[{"type":"text","text":"long rules","cache_control":{"type":"ephemeral"}}],`,
-			`"system":[` + ident + `,{"type":"text","text":"long rules","cache_control":{"type":"ephemeral"}}],`},
+			`"system":[` + ident + `,{"type":"text","text":"long rules","cache_control":{"type":"ephemeral"}}],`, fine, fine + ",oauth-2025-04-20"},
 		{"already Claude Code's", `"system":[{"type":"text","text":"You are Claude Code, Anthropic's official CLI for Claude.","cache_control":{"type":"ephemeral"}},{"type":"text","text":"more"}],`,
-			`"system":[{"type":"text","text":"You are Claude Code, Anthropic's official CLI for Claude.","cache_control":{"type":"ephemeral"}},{"type":"text","text":"more"}],`},
+			`"system":[{"type":"text","text":"You are Claude Code, Anthropic's official CLI for Claude.","cache_control":{"type":"ephemeral"}},{"type":"text","text":"more"}],`,
+			"claude-code-20250219,oauth-2025-04-20, " + fine + "," + fine, "claude-code-20250219,oauth-2025-04-20," + fine},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			body := `{"model":"claude-code/claude-test","max_tokens":50,` + tt.system + `"messages":[{"role":"user","content":"hi"}],"thinking":{"type":"enabled","budget_tokens":1024}}`
 			// The caller authenticates as Anthropic's clients do (x-api-key): Brama's token must not reach the provider.
-			status, h, b := d.call("POST", "/v1/messages?beta=true", "", body, "anthropic-beta", "fine-grained-tool-streaming-2025-05-14", "x-api-key", tok)
+			status, h, b := d.call("POST", "/v1/messages?beta=true", "", body, "anthropic-beta", tt.beta, "x-api-key", tok)
 			if status != 200 || string(b) != protocolFixtures[1].buffered || h.Get("Brama-Route") != "claude-code/claude-test" {
 				t.Fatalf("status %d route %q: %s", status, h.Get("Brama-Route"), b)
 			}
@@ -302,8 +305,8 @@ func TestPassthroughClaudeCodeOAuth(t *testing.T) {
 			if c.header.Get("Authorization") != "Bearer "+access || c.header.Get("x-api-key") != "" || strings.Contains(fmt.Sprint(c.header), tok) {
 				t.Errorf("credential headers: Authorization %q x-api-key %q", c.header.Get("Authorization"), c.header.Get("x-api-key"))
 			}
-			if got := c.header.Get("anthropic-beta"); got != "fine-grained-tool-streaming-2025-05-14,oauth-2025-04-20" {
-				t.Errorf("anthropic-beta = %q, want the caller's merged with oauth-2025-04-20", got)
+			if got := c.header.Get("anthropic-beta"); got != tt.wantBeta {
+				t.Errorf("anthropic-beta = %q, want %q: the caller's merged with oauth-2025-04-20, each once", got, tt.wantBeta)
 			}
 			if c.header.Get("anthropic-version") != "2023-06-01" || c.query != "beta=true" {
 				t.Errorf("anthropic-version %q (want Brama's default), query %q", c.header.Get("anthropic-version"), c.query)
@@ -388,6 +391,11 @@ func TestPassthroughCodexBody(t *testing.T) {
 	}
 	if s, _, b := d.call("POST", "/v1/responses", tok, `{"model":"codex/gpt-5-codex","input":"hi"}`); s != 200 || !strings.Contains(string(prov.last(t).body), `"instructions":"You are a helpful assistant."`) {
 		t.Errorf("no system text: %d %s, provider got %s", s, b, prov.last(t).body)
+	}
+	// System and developer items, a string or text parts, become the instructions in order.
+	sys := `{"model":"codex/gpt-5-codex","input":[{"role":"system","content":[{"type":"input_text","text":"Rules."}]},{"role":"developer","content":"Be terse."},{"role":"user","content":"hi"}]}`
+	if s, _, b := d.call("POST", "/v1/responses", tok, sys); s != 200 || !strings.Contains(string(prov.last(t).body), `"instructions":"Rules.\n\nBe terse."`) {
+		t.Errorf("system and developer text: %d %s, provider got %s", s, b, prov.last(t).body)
 	}
 }
 
