@@ -518,6 +518,8 @@ func TestParseUsageReports(t *testing.T) {
 				uw("kimi:limit-0", "5 hours", 1, resetMs),
 				uw("kimi:limit-3", "limit 3", 0.1, 1893571200000),
 			}},
+		{name: "kimi limit without used or remaining names nothing", provider: "kimi", body: `{"usage":{"limit":"100"},"limits":[{"detail":{"limit":10}}]}`,
+			wantErr: "names no plan window"},
 		{name: "kimi limit 0 names nothing", provider: "kimi", body: `{"usage":{"limit":"0","used":"0"},"limits":{}}`, wantErr: "names no plan window"},
 		{name: "kimi empty", provider: "kimi", body: `{}`, wantErr: "names no plan window"},
 		{name: "kimi not JSON", provider: "kimi", body: ``, wantErr: "not a JSON object"},

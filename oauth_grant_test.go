@@ -106,6 +106,7 @@ func TestReadTokenAnswer(t *testing.T) {
 	}{
 		{"an hour", 200, `{"access_token":"a","expires_in":3600}`, 3600, nil, ""},
 		{"a hundred years", 200, `{"access_token":"a","expires_in":3153600000}`, 3153600000, nil, ""},
+		{"an error member of null is none", 200, `{"access_token":"a","expires_in":60,"error":null}`, 60, nil, ""},
 		{"zero is unknown", 200, `{"access_token":"a","expires_in":0}`, 0, nil, ""},
 		{"negative is unknown", 200, `{"access_token":"a","expires_in":-60}`, 0, nil, ""},
 		{"past a hundred years is unknown", 200, `{"access_token":"a","expires_in":3153600001}`, 0, nil, ""},

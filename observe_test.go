@@ -297,20 +297,21 @@ func TestReadyzNamesTheRegistryOfAStateDirWithATrailingSlash(t *testing.T) {
 // TestModelsListsTheAgentsSubscriptionModels: a caller with an agent sees
 // the catalogue models of the providers its agent's subscriptions serve;
 // a caller without one, or whose agent has none there, does not (SPEC §15).
+// Every caller sees those of a provider the deployment's direct key pays.
 func TestModelsListsTheAgentsSubscriptionModels(t *testing.T) {
 	env := stateEnv(t)
 	catalogue := filepath.Join(t.TempDir(), "models.json")
-	os.WriteFile(catalogue, []byte(`{"moonshotai":{"models":{"k2-cat":{"id":"k2-cat"}}},"anthropic":{"models":{"claude-cat":{"id":"claude-cat"}}}}`), 0o600)
+	os.WriteFile(catalogue, []byte(`{"moonshotai":{"models":{"k2-cat":{"id":"k2-cat"}}},"anthropic":{"models":{"claude-cat":{"id":"claude-cat"}}},"openai":{"models":{"gpt-cat":{"id":"gpt-cat"}}}}`), 0o600)
 	env["BRAMA_MODEL_CATALOG_PATH"] = catalogue
-	d := startDaemon(t, env, "")
+	d := startDaemon(t, env, `{"openai":"sk-direct-0123"}`, "-local-credentials-stdin")
 	tok, _ := agentWithSubs(t, d, "a1", "kimi", "kimi-key-0123")
 	other := addClient(t, env, "a2-app", "-agent", "a2")
 	for _, tc := range []struct {
 		name, token, want string
 	}{
-		{"a1's bound client", tok, "kimi/k2-cat"},
-		{"a2's bound client, no subscription", other, ""},
-		{"the admin, no agent", d.token, ""},
+		{"a1's bound client", tok, "openai/gpt-cat kimi/k2-cat"},
+		{"a2's bound client, no subscription", other, "openai/gpt-cat"},
+		{"the admin, no agent", d.token, "openai/gpt-cat"},
 	} {
 		status, _, body := d.call("GET", "/v1/models", tc.token, "")
 		var models struct{ Data []struct{ ID string } }
