@@ -235,7 +235,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start, ri := time.Now(), &requestInfo{ResponseWriter: w, tally: tally{requestID: rand.Text()}}
 	w.Header().Set("X-Request-Id", ri.requestID)
 	w.Header().Set("Cache-Control", "no-store") // every answer is one caller's
-	if r.Body == nil || r.Body == http.NoBody {
+	if r.Body == http.NoBody { // a server request's Body is never nil
 		ri.body = []byte{} // nothing to read
 	}
 	r = r.WithContext(context.WithValue(r.Context(), infoKey{}, ri))
