@@ -242,4 +242,11 @@ func TestRoutesListJSONIsTheAliasesBody(t *testing.T) {
 	if code != 0 || status != 200 || out != string(body) || !strings.Contains(out, `"openai/a&b<c>"`) {
 		t.Errorf("routes list -json (exit %d, %s):\n%s\nGET /v1/aliases (%d):\n%s", code, errOut, out, status, body)
 	}
+	// Without -json: one aligned row per alias, then the count that cannot serve.
+	want := "ALIAS  STATE              ROUTE          REASON\n" +
+		"odd    capability_absent  openai/a&b<c>  No direct openai credential is configured.\n" +
+		"1 alias(es), 1 cannot serve\n"
+	if out, errOut, code := runCLI(t, env, "", "routes", "list"); code != 0 || out != want {
+		t.Errorf("routes list: exit %d, %q %q; want %q", code, out, errOut, want)
+	}
 }

@@ -275,6 +275,16 @@ func TestCLIGatewayAnswers(t *testing.T) {
 			t.Errorf("gateway answering %d %s: exit %d, stdout %q, stderr %q; want exit 1 and %q", tc.status, tc.body, code, out, errOut, tc.want)
 		}
 	}
+	// A donation's 201 that names no subscription is no donation the command can report.
+	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(201)
+		w.Write([]byte(`{"subscription":{"provider":"kimi","status":"active"}}`))
+	}))
+	defer gw.Close()
+	out, errOut, code := runCLI(t, map[string]string{"BRAMA_TOKEN": "brama_t"}, "sk-kimi-0123456789\n", "subscription", "add", "-provider", "kimi", "-agent", "a1", "-gateway", gw.URL)
+	if code != 1 || out != "" || errOut != "brama: the gateway's answer names no subscription\n" {
+		t.Errorf("a 201 naming no subscription: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
 }
 
 // TestClientsAddRefusesATakenID: `brama clients add` prints the token alone on stdout and says on stderr that it is

@@ -607,6 +607,7 @@ func TestSubscriptionCLI(t *testing.T) {
 		{"list without agent", withToken, "", []string{"subscription", "list"}, 2, "-agent"},
 		{"retire without id", withToken, "", []string{"subscription", "retire", "-agent", "a1"}, 2, "brama subscription retire: want -agent A [-reason R] ID; see brama subscription retire -h"},
 		{"unknown subcommand", withToken, "", []string{"subscription", "frobnicate"}, 2, "subscription wants one of add, list, retire, reinstate, import, sign-in, prune-orphans"},
+		{"a flag where the subcommand goes", withToken, "", []string{"subscription", "-agent", "a1"}, 2, "brama: subscription wants one of add,"},
 		{"import of kimi", withToken, "", []string{"subscription", "import", "-provider", "kimi", "-from", claudeFile, "-agent", "a1"}, 2, "claude-code or codex"},
 		{"no token", env, "", []string{"subscription", "list", "-agent", "a1"}, 1, "BRAMA_TOKEN"},
 		{"wrong token", env, "brama_wrong\n", []string{"subscription", "list", "-agent", "a1"}, 1, "401 unauthenticated"},
