@@ -235,8 +235,8 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start, ri := time.Now(), &requestInfo{ResponseWriter: w, tally: tally{requestID: rand.Text()}}
 	w.Header().Set("X-Request-Id", ri.requestID)
 	w.Header().Set("Cache-Control", "no-store") // every answer is one caller's
-	if r.Body == http.NoBody { // a server request's Body is never nil
-		ri.body = []byte{} // nothing to read
+	if r.Body == http.NoBody {
+		ri.body = []byte{} // nothing to read (a server's request Body is never nil)
 	}
 	r = r.WithContext(context.WithValue(r.Context(), infoKey{}, ri))
 	defer func() {
