@@ -263,6 +263,11 @@ func TestCompressedBodyIsRefusedClearly(t *testing.T) {
 	if status, _, body := d.call("POST", "/v1/chat/completions", d.token, chatBody(dialectChat, "openai/gpt-test", false, ""), "Content-Encoding", "identity"); status != 200 {
 		t.Errorf("Content-Encoding: identity: %d %s, want 200", status, body)
 	}
+	// A compressed body over the limit is refused for its size first, as any body over it is.
+	small := startDaemon(t, map[string]string{"BRAMA_MODEL_CATALOG_URL": "off", "BRAMA_MAX_REQUEST_BYTES": "64"}, "")
+	if status, _, body := small.call("POST", "/v1/chat/completions", small.token, gz.String(), "Content-Encoding", "gzip"); status != 413 {
+		t.Errorf("a gzip body over BRAMA_MAX_REQUEST_BYTES: %d %s, want 413", status, body)
+	}
 }
 
 // A pool credential no header could carry is never sent (SPEC §17): a

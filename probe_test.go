@@ -92,7 +92,7 @@ func TestProbe(t *testing.T) {
 	gone := donate("a", `{"provider":"kimi","api_key":"sk-probe-gone-0123456789"}`)
 	cc := donate("a", `{"provider":"claude-code","oauth":{"access_token":"probe-cc-access-0123456789","refresh_token":"probe-cc-refresh-0123456789","expires_at_ms":4102444800000}}`)
 	kb := donate("b", `{"provider":"kimi","api_key":"sk-probe-b-0123456789"}`)
-	if s, _, b := d.call("DELETE", "/v1/admin/subscriptions/a/"+gone, d.token, ""); s != 200 {
+	if s, _, b := d.call("DELETE", "/v1/admin/subscriptions/a/"+gone, d.token, "{not read"); s != 200 { // a DELETE's body is never read
 		t.Fatalf("retire: %d %s", s, b)
 	}
 	probePath := func(agent, id string) string { return "/v1/admin/subscriptions/" + agent + "/" + id + "/probe" }
