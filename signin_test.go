@@ -454,6 +454,10 @@ func TestOperatorRoutesWithoutStateDir(t *testing.T) {
 			}
 		})
 	}
+	// /readyz says there is no state directory, and blames no BRAMA_*_FILE that nobody set.
+	if _, _, b := d.call("GET", "/readyz", "", ""); !strings.Contains(string(b), "$HOME is not defined") || strings.Contains(string(b), "not an absolute path") {
+		t.Errorf("/readyz without a state directory: %s", b)
+	}
 	out, errOut, code := runCLI(t, map[string]string{"BRAMA_TOKEN": d.token}, "", "subscription", "list", "-agent", "a1", "-gateway", d.url)
 	if code != 1 || !strings.Contains(errOut, "$HOME is not defined") {
 		t.Errorf("subscription CLI without a state dir: exit %d, %q %q", code, out, errOut)
