@@ -36,6 +36,12 @@ func TestParseChatCompletions(t *testing.T) {
 				MaxTokens: 100, LimitName: "max_tokens", Temperature: dialectFloatPtr(0.5), Stream: true, StreamUsage: true, Dropped: []string{"n", "seed"}},
 		},
 		{
+			name: "a tool result after a user's text opens a turn: only tool results in a row share one",
+			body: `{"model":"m","messages":[{"role":"user","content":"q"},{"role":"tool","tool_call_id":"c","content":"r"}]}`,
+			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q"),
+				{Role: "user", Parts: []part{{Type: partToolResult, ToolCallID: "c", Text: "r"}}}}},
+		},
+		{
 			name: "images",
 			body: `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"what is this"},
 				{"type":"image_url","image_url":{"url":"https://example.com/a.png","detail":"high"}},

@@ -49,6 +49,9 @@ func TestSSEReader(t *testing.T) {
 		{"partial last line", "data: a\n\ndata: [DO", []sseEvent{{"", "a"}}, io.ErrUnexpectedEOF},
 		{"long line", "data: " + long + "\n\n", []sseEvent{{"", long}}, io.EOF},
 		{"empty", "", nil, io.EOF},
+		{"a lone bom is an empty body", "\ufeff", nil, io.EOF},
+		{"a bom then a cut line", "\ufeffdata: y", nil, io.ErrUnexpectedEOF},
+		{"a bom after the start is a cut line", "data: a\n\n\ufeff", []sseEvent{{"", "a"}}, io.ErrUnexpectedEOF},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
