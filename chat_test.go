@@ -185,6 +185,8 @@ func TestParseChatCompletionsRefuses(t *testing.T) {
 		{"image_url string", `{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":"https://x/a.png"}]}]}`},
 		{"image_url http", `{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://x/` + dialectPromptText + `"}}]}]}`},
 		{"system content parts of images", `{"model":"m","messages":[{"role":"system","content":[{"type":"image_url"}]},` + u + `]}`},
+		{"system text part without text", `{"model":"m","messages":[{"role":"system","content":[{"type":"text"}]},` + u + `]}`},
+		{"system image part holding text", `{"model":"m","messages":[{"role":"system","content":[{"type":"image_url","text":"` + dialectPromptText + `"}]},` + u + `]}`},
 		{"assistant with nothing", `{"model":"m","messages":[{"role":"assistant","content":null},` + u + `]}`},
 		{"tool call in a user message", `{"model":"m","messages":[{"role":"user","content":"","tool_calls":[{"id":"0","function":{"name":"0"}}]}]}`},
 		{"tool call without id", `{"model":"m","messages":[{"role":"assistant","tool_calls":[{"type":"function","function":{"name":"f"}}]},` + u + `]}`},
