@@ -14,7 +14,7 @@ import (
 // matrixOutcomes are the provider answers of the attempt matrix: a fake
 // answers the outcome its call's model names ("m-<outcome>").
 var matrixOutcomes = []string{"ok", "401", "403", "429ra", "429", "quota402", "quota429",
-	"400", "404", "413", "422", "500", "503", "cut", "cutbody", "malformed", "slowcut"}
+	"400", "404", "413", "422", "500", "503", "cut", "cutbody", "malformed", "badusage", "slowcut"}
 
 // matrixProvider answers every protocol path by the model a call names and
 // counts the POST calls it saw (a maintenance pass's GET is not a call).
@@ -74,6 +74,9 @@ func matrixProvider(t *testing.T) (*fakeProvider, *atomic.Int64) {
 		case "malformed":
 			w.Header().Set("Content-Type", "application/json")
 			io.WriteString(w, `{"id":"x", not json`)
+		case "badusage": // an answer whose usage is not the protocol's: its tokens cannot be counted
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, `{"id":"x","usage":"lots"}`)
 		case "slowcut": // the first byte is slow to come, then the connection fails
 			<-time.After(50 * time.Millisecond)
 			if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
@@ -102,7 +105,7 @@ func oneCallWant(o string) matrixWant {
 	switch o {
 	case "ok":
 		return matrixWant{200, "", 1, ""}
-	case "401", "403", "malformed":
+	case "401", "403", "malformed", "badusage":
 		return matrixWant{502, "provider_failure", 1, ""}
 	case "429ra":
 		return matrixWant{429, "provider_rate_limited", 1, "30"}
@@ -234,7 +237,7 @@ func TestAttemptMatrix(t *testing.T) {
 					tok, subs = agentWithSubs(t, d, fmt.Sprintf("mx%d", n), k.subs, fmt.Sprintf("key-mx%d-1", n), fmt.Sprintf("key-mx%d-2", n))
 				}
 				w := k.want(o)
-				if strings.Contains(k.name, "stream") && (o == "malformed" || o == "cutbody") {
+				if strings.Contains(k.name, "stream") && (o == "malformed" || o == "badusage" || o == "cutbody") {
 					w = matrixWant{200, "", 1, ""} // committed, then failed in-band (SPEC §7.5)
 				}
 				before := calls.Load()

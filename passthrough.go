@@ -347,8 +347,8 @@ func relayBuffered(w http.ResponseWriter, c call, resp *http.Response, attempts 
 	default:
 		ct = cmp.Or(resp.Header.Get("Content-Type"), ct)
 		o, notObject := parseRawObject(body) // not decoded: only its usage is read
-		if u, err = usageOf(p.protocol, o.value("usage")); notObject != nil || err != nil {
-			err = malformedAnswer(p.protocol, cmp.Or(notObject, err))
+		if u, err = usageOf(p.protocol, o.value("usage")); notObject != nil {
+			err = malformedAnswer(p.protocol, notObject) // usageOf's own error is one already
 		}
 	}
 	if err != nil {
