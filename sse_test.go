@@ -52,6 +52,7 @@ func TestSSEReader(t *testing.T) {
 		{"a lone bom is an empty body", "\ufeff", nil, io.EOF},
 		{"a bom then a cut line", "\ufeffdata: y", nil, io.ErrUnexpectedEOF},
 		{"a bom after the start is a cut line", "data: a\n\n\ufeff", []sseEvent{{"", "a"}}, io.ErrUnexpectedEOF},
+		{"a last line ended by a lone cr", "data: a\r", []sseEvent{{"", "a"}}, io.EOF},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
