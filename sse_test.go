@@ -67,6 +67,29 @@ func TestSSEReader(t *testing.T) {
 	}
 }
 
+// oneChunk delivers one chunk, then fails the test's reader: an event complete in it must come without a second read.
+type oneChunk struct {
+	chunk string
+	reads int
+}
+
+func (r *oneChunk) Read(p []byte) (int, error) {
+	if r.reads++; r.reads > 1 {
+		return 0, errors.New("read past the first chunk")
+	}
+	return copy(p, r.chunk), nil
+}
+
+// TestSSEReaderDeliversAnEventWithoutReadingAhead: an event whose lines end in a lone CR (WHATWG), followed by more of
+// the stream, is delivered from what was read: the reader waits for more only when a CR ends the bytes it has.
+func TestSSEReaderDeliversAnEventWithoutReadingAhead(t *testing.T) {
+	r := &oneChunk{chunk: "data: a\r\rdata: b"}
+	_, _, data, err := newSSEReader(r, "\r\n").next()
+	if string(data) != "a" || err != nil || r.reads != 1 {
+		t.Errorf("first event %q, %v after %d reads; want a after one read", data, err, r.reads)
+	}
+}
+
 // The reader keeps no comment line (SPEC §17): a relayed block holds none,
 // and a run of comments without a blank line is no block at all.
 func TestSSEReaderKeepsNoComment(t *testing.T) {
