@@ -117,12 +117,12 @@ func TestPassthroughKeepsTheCallersBytes(t *testing.T) {
 		dialect, body, route, model string
 		fx                          protocolFixture
 		header                      []string // caller headers that must reach the provider
-		query                       string   // what the provider must see of the caller's ?query
+		sendQuery, query            string   // the caller's ?query, and what the provider must see of it (Anthropic's only)
 	}{
-		{dialectChat, passthroughChatBody, "openai/gpt-test", "gpt-test", protocolFixtures[0], []string{"OpenAI-Beta", "assistants=v2"}, ""},
+		{dialectChat, passthroughChatBody, "openai/gpt-test", "gpt-test", protocolFixtures[0], []string{"OpenAI-Beta", "assistants=v2"}, "api-version=2024-10-21", ""},
 		{dialectMessages, passthroughMessagesBody, "anthropic/claude-test", "claude-test", protocolFixtures[1],
-			[]string{"anthropic-beta", "interleaved-thinking-2025-05-14,structured-outputs-2025-11-13", "anthropic-version", "2023-06-01"}, "beta=true"},
-		{dialectResponses, passthroughResponsesBody, "openai-responses/gpt-resp", "gpt-resp", protocolFixtures[2], []string{"OpenAI-Beta", "responses=v1"}, ""},
+			[]string{"anthropic-beta", "interleaved-thinking-2025-05-14,structured-outputs-2025-11-13", "anthropic-version", "2023-06-01"}, "beta=true", "beta=true"},
+		{dialectResponses, passthroughResponsesBody, "openai-responses/gpt-resp", "gpt-resp", protocolFixtures[2], []string{"OpenAI-Beta", "responses=v1"}, "api-version=1", ""},
 	}
 	for _, tt := range tests {
 		for _, stream := range []bool{false, true} {
@@ -135,9 +135,7 @@ func TestPassthroughKeepsTheCallersBytes(t *testing.T) {
 				sent := fmt.Sprintf(tt.body, stream)
 				hdr := append([]string{"Cookie", "session=caller-cookie-secret", "Connection", "keep-alive", "X-Custom", "caller"}, tt.header...)
 				path := dialectPaths[tt.dialect]
-				if tt.query != "" {
-					path += "?" + tt.query
-				}
+				path += "?" + tt.sendQuery
 				status, h, got := d.call("POST", path, d.token, sent, hdr...)
 				if status != 200 {
 					t.Fatalf("status %d: %s", status, got)
