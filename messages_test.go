@@ -266,6 +266,9 @@ func assembleMessagesStream(t *testing.T, frames []testSSEFrame) chatAnswer {
 			if ev.Index != len(blocks) || open != -1 {
 				t.Errorf("block %d started with block %d open", ev.Index, open)
 			}
+			if n := len(blocks); n > 0 && blocks[n-1].Type == "text" && ev.ContentBlock.Type == "text" {
+				t.Errorf("text block %d follows text block %d: a run of text is one block", ev.Index, n-1)
+			}
 			blocks, open = append(blocks, ev.ContentBlock), ev.Index
 		case "content_block_delta":
 			switch ev.Delta.Type {
