@@ -420,6 +420,38 @@ func TestFailedSignInDonationJournalsNothing(t *testing.T) {
 	}
 }
 
+// TestSignInRefusedBeforeItsSubscriptionWasReadJournalsNothing: a credential replacement refused before Brama could
+// read the subscription it names (the overlay is unreadable) journals and logs no subscription_sign_in: the id was
+// never checked against the agent's subscriptions, and the append-only journal keeps only what Brama could tell.
+func TestSignInRefusedBeforeItsSubscriptionWasReadJournalsNothing(t *testing.T) {
+	env := stateEnv(t)
+	d := startDaemon(t, env, "")
+	s, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, `{"provider":"kimi","api_key":"sk-overlay-0-0123456789"}`)
+	id := donatedID(t, s, b, "a1", "kimi")
+	if err := os.WriteFile(filepath.Join(env["BRAMA_STATE_DIR"], "journal.jsonl"), nil, 0o600); err != nil { // opJournal reads it
+		t.Fatal(err)
+	}
+	overlay := filepath.Join(env["BRAMA_STATE_DIR"], overlayFile)
+	if err := os.Chmod(overlay, 0o640); err != nil { // the overlay's guard refuses a group-readable file
+		t.Fatal(err)
+	}
+	before, logged := opJournal(t, env, "subscription_sign_in"), len(signInLogLines(t, d.stderr.String()))
+	s, _, b = d.call("PUT", "/v1/admin/subscriptions/a1/"+id+"/credential", d.token, `{"api_key":"sk-overlay-1-0123456789"}`)
+	os.Chmod(overlay, 0o600)
+	if s < 500 {
+		t.Errorf("%d %s, want a 5xx naming the overlay", s, b)
+	}
+	if after := opJournal(t, env, "subscription_sign_in"); len(after) != len(before) {
+		t.Errorf("journaled %+v for a replacement that read no subscription", after[len(before):])
+	}
+	if lines := signInLogLines(t, d.stderr.String())[logged:]; len(lines) != 0 {
+		t.Errorf("logged %v for a replacement that read no subscription", lines)
+	}
+	if k := readVaultSubs(t, env)[id].APIKey; k != "sk-overlay-0-0123456789" {
+		t.Errorf("the vault holds %q, want the first key", k)
+	}
+}
+
 // signInLogLines is every subscription_sign_in line of a daemon's log, decoded, in order.
 func signInLogLines(t *testing.T, logs string) (out []map[string]any) {
 	t.Helper()
