@@ -426,8 +426,7 @@ func TestFailedSignInDonationJournalsNothing(t *testing.T) {
 func TestSignInRefusedBeforeItsSubscriptionWasReadJournalsNothing(t *testing.T) {
 	env := stateEnv(t)
 	d := startDaemon(t, env, "")
-	s, _, b := d.call("POST", "/v1/admin/subscriptions/a1", d.token, `{"provider":"kimi","api_key":"sk-overlay-0-0123456789"}`)
-	id := donatedID(t, s, b, "a1", "kimi")
+	id := donate(t, d, "a1", "kimi", "sk-overlay-0-0123456789")
 	if err := os.WriteFile(filepath.Join(env["BRAMA_STATE_DIR"], "journal.jsonl"), nil, 0o600); err != nil { // opJournal reads it
 		t.Fatal(err)
 	}
@@ -436,7 +435,7 @@ func TestSignInRefusedBeforeItsSubscriptionWasReadJournalsNothing(t *testing.T) 
 		t.Fatal(err)
 	}
 	before, logged := opJournal(t, env, "subscription_sign_in"), len(signInLogLines(t, d.stderr.String()))
-	s, _, b = d.call("PUT", "/v1/admin/subscriptions/a1/"+id+"/credential", d.token, `{"api_key":"sk-overlay-1-0123456789"}`)
+	s, _, b := d.call("PUT", "/v1/admin/subscriptions/a1/"+id+"/credential", d.token, `{"api_key":"sk-overlay-1-0123456789"}`)
 	os.Chmod(overlay, 0o600)
 	if s < 500 {
 		t.Errorf("%d %s, want a 5xx naming the overlay", s, b)
