@@ -42,6 +42,11 @@ func TestParseChatCompletions(t *testing.T) {
 				{Role: "user", Parts: []part{{Type: partToolResult, ToolCallID: "c", Text: "r"}}}}},
 		},
 		{
+			name: "a file by id (no file_data) is a part Brama does not carry: dropped and named",
+			body: `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"q"},{"type":"file","file":{"file_id":"file-1"}}]}]}`,
+			want: chatRequest{Model: "m", Messages: []message{dialectUserText("q")}, Dropped: []string{"file"}},
+		},
+		{
 			name: "images",
 			body: `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"what is this"},
 				{"type":"image_url","image_url":{"url":"https://example.com/a.png","detail":"high"}},
