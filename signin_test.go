@@ -418,6 +418,11 @@ func TestFailedSignInDonationJournalsNothing(t *testing.T) {
 	if subs := readVaultSubs(t, env); len(subs) != 0 {
 		t.Errorf("the vault holds %v after a failed donation", subs)
 	}
+	// The same sign-in, once the write succeeds, is journaled: the silence above is the failure's, not the route's.
+	s, _, b = d.call("POST", "/v1/admin/subscriptions/a1?via=sign-in", d.token, `{"provider":"kimi","api_key":"sk-signin-fails-0123456789"}`)
+	if recs := opJournal(t, env, "subscription_sign_in"); s != 201 || len(recs) != 1 || recs[0].Result != "signed_in" {
+		t.Errorf("the sign-in after the repair: %d %s, journaled %+v; want 201 and one signed_in record", s, b, recs)
+	}
 }
 
 // TestSignInRefusedBeforeItsSubscriptionWasReadJournalsNothing: a credential replacement refused before Brama could
